@@ -1,0 +1,40 @@
+# The two commands that matter: `make demo` and `make test`. Both set everything up
+# on a fresh clone (a .venv with torch 2.13.0 CPU, the test deps, the C++ core).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
+
+.PHONY: all setup demo test bench clean
+
+all: test
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first (the CPU wheel on local disk), then build tools and test deps.
+$(VENV)/.deps: pyproject.toml | $(PY)
+	$(PIP) install torch==2.13.0
+	$(PIP) install "setuptools>=64" wheel ninja
+	$(PIP) install pytest expecttest numpy safetensors "diffusers==0.42.1" "accelerate==1.15.*" "transformers>=5,<6"
+	touch $@
+
+# The core is compiled against the installed torch (no build isolation).
+$(VENV)/.core: $(VENV)/.deps $(CORE_SOURCES)
+	$(PIP) install --no-build-isolation --no-deps -e .
+	touch $@
+
+setup: $(VENV)/.core
+
+demo: setup
+	$(PY) -m torch_neuronx.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/bench_eager.py
+
+clean:
+	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)

@@ -1,0 +1,67 @@
+// The zero-copy host dispatch path: run a CPU kernel on CPU aliases of neuron
+// tensors, then map its results back to neuron tensors.
+#pragma once
+
+#include "neuron.h"
+
+#include <c10/util/SmallVector.h>
+
+namespace neuron {
+
+// A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
+// dtype, conj/neg/zero bits) of `like`.
+at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like);
+
+// One op call's worth of aliasing. Arguments sharing a storage share one alias
+// storage, so CPU overlap checks and view detection see what they would on CPU.
+class CallContext {
+ public:
+  explicit CallContext(const char* op_name) : op_name_(op_name) {}
+
+  // The CPU alias of a tensor argument (CPU tensors pass through). A CPU tensor
+  // with dims beside neuron tensors is a device mismatch unless `cpu_ok`
+  // (index lists, which accept CPU indices as CUDA does).
+  at::Tensor alias(const at::Tensor& t, bool cpu_ok = false);
+  c10::Storage alias_storage(const c10::Storage& s);
+  // Raise PyTorch's usual device-mismatch error if the arguments mixed devices.
+  void check_devices() const;
+
+  bool has_neuron() const { return device_ >= 0; }
+  c10::DeviceIndex device() const { return device_ >= 0 ? device_ : current_device(); }
+  // Where fresh results go: an explicit neuron `device=` argument, else the inputs' device.
+  void set_output_device(c10::DeviceIndex d) { output_device_ = resolve_device_index(d); }
+  c10::DeviceIndex output_device() const { return output_device_ >= 0 ? output_device_ : device(); }
+
+  // A CPU result of the kernel as a neuron tensor: an aliased input maps back to
+  // itself, a view of an aliased storage to a neuron view, fresh memory is adopted.
+  at::Tensor to_neuron(const at::Tensor& cpu_result);
+  // Propagate what the kernel did to aliased arguments (resize, set_, restride).
+  void sync_mutated();
+
+ private:
+  c10::Storage neuron_storage_for(const c10::Storage& cpu_storage);
+
+  struct StoragePair {
+    c10::StorageImpl* neuron;  // kept alive by the argument tensors
+    c10::Storage alias;
+  };
+  struct TensorPair {
+    at::Tensor original;
+    at::Tensor alias;
+  };
+  struct AdoptedPair {
+    c10::StorageImpl* cpu;
+    c10::Storage neuron;
+  };
+
+  const char* op_name_;
+  c10::DeviceIndex device_ = -1;
+  c10::DeviceIndex other_neuron_device_ = -1;
+  c10::DeviceIndex output_device_ = -1;
+  bool saw_cpu_tensor_ = false;
+  c10::SmallVector<StoragePair, 4> storages_;
+  c10::SmallVector<TensorPair, 4> tensors_;
+  c10::SmallVector<AdoptedPair, 2> adopted_;
+};
+
+}  // namespace neuron

@@ -1,0 +1,131 @@
+// The boxed fallback: every aten op without a neuron kernel of its own runs
+// PyTorch's CPU kernel on CPU aliases of its neuron arguments (no copies).
+#include "dispatch.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+namespace neuron {
+namespace {
+
+bool is_optional_generator(const c10::Argument& arg) {
+  const auto& type = arg.type();
+  if (type->kind() != c10::TypeKind::OptionalType) return false;
+  return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+// Tensor[], Tensor?[] and Tensor[][] arguments. Tensor?[] is an index list:
+// CPU index tensors beside neuron tensors are allowed, as on CUDA.
+c10::IValue alias_list(CallContext& ctx, const c10::IValue& value) {
+  auto list = value.toList();
+  const auto& element_type = list.elementType();
+  const auto kind = element_type->kind();
+  if (kind != c10::TypeKind::TensorType && kind != c10::TypeKind::OptionalType &&
+      kind != c10::TypeKind::ListType) {
+    return value;
+  }
+  const bool cpu_ok = kind == c10::TypeKind::OptionalType;
+  c10::impl::GenericList out(element_type);
+  out.reserve(list.size());
+  for (const c10::IValue& element : list) {
+    if (element.isTensor()) {
+      out.push_back(ctx.alias(element.toTensor(), cpu_ok));
+    } else if (element.isList()) {
+      out.push_back(alias_list(ctx, element));
+    } else {
+      out.push_back(element);
+    }
+  }
+  return out;
+}
+
+c10::IValue results_to_neuron(CallContext& ctx, const c10::IValue& value) {
+  if (value.isTensor()) return ctx.to_neuron(value.toTensor());
+  if (!value.isList()) return value;
+  auto list = value.toList();
+  c10::impl::GenericList out(list.elementType());
+  out.reserve(list.size());
+  for (const c10::IValue& element : list) out.push_back(results_to_neuron(ctx, element));
+  return out;
+}
+
+void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t num_args = arguments.size();
+  const size_t begin = stack->size() - num_args;
+  CallContext ctx(schema.name().c_str());
+
+  bool results_stay_on_cpu = false;  // an explicit device='cpu' argument
+  c10::SmallVector<size_t, 2> default_generator_slots;
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = (*stack)[begin + i];
+    if (v.isTensor()) {
+      v = ctx.alias(v.toTensor());
+    } else if (v.isList()) {
+      v = alias_list(ctx, v);
+    } else if (v.isDevice()) {
+      const auto device = v.toDevice();
+      if (device.type() == kNeuron) {
+        ctx.set_output_device(device.index());
+        v = c10::Device(c10::DeviceType::CPU);
+      } else if (device.is_cpu()) {
+        results_stay_on_cpu = true;
+      }
+    } else if (v.isGenerator()) {
+      const auto& generator = v.toGenerator();
+      if (generator.device().type() == kNeuron) v = inner_cpu_generator(generator);
+    } else if (v.isNone() && is_optional_generator(arguments[i])) {
+      default_generator_slots.push_back(i);
+    } else if (v.isStorage()) {
+      const auto storage = v.toStorage();
+      if (storage.device_type() == kNeuron) v = ctx.alias_storage(storage);
+    }
+  }
+  ctx.check_devices();
+  // No generator given: draw from the neuron device's default generator, not the CPU one.
+  for (size_t i : default_generator_slots) {
+    (*stack)[begin + i] = inner_cpu_generator(default_generator(ctx.output_device()));
+  }
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  ctx.sync_mutated();
+  if (results_stay_on_cpu) return;
+  const size_t num_returns = schema.returns().size();
+  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+    (*stack)[i] = results_to_neuron(ctx, (*stack)[i]);
+  }
+}
+
+template <const char* kWhat>
+void unsupported_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": ", kWhat,
+                              " tensors are not supported on neuron. Keep them on the CPU, or convert them "
+                              "to dense strided tensors (e.g. .to_dense()) before moving them to neuron.");
+}
+
+constexpr char kSparse[] = "sparse";
+constexpr char kQuantized[] = "quantized";
+constexpr char kNested[] = "nested";
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout<kSparse>>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout<kSparse>>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout<kQuantized>>());
+}
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout<kNested>>());
+}
+
+}  // namespace neuron

@@ -1,0 +1,197 @@
+// Unboxed fast paths for the hottest ops: alias -> CPU kernel -> adopt, with
+// no boxing and no second trip through the dispatcher (at::cpu:: calls the
+// CPU kernel directly). Results and semantics are the fallback's.
+#include "dispatch.h"
+
+#include <ATen/CPUFunctions.h>
+#include <torch/library.h>
+
+namespace neuron {
+namespace {
+
+// Binary elementwise ops with an alpha (add, sub) and without (mul, div):
+// functional, in-place and out= forms.
+#define NEURON_BINARY_WITH_ALPHA(OP)                                                              \
+  at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {    \
+    CallContext ctx("aten::" #OP ".Tensor");                                                      \
+    auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
+    ctx.check_devices();                                                                          \
+    return ctx.to_neuron(at::cpu::OP(ca, cb, alpha));                                             \
+  }                                                                                               \
+  at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {        \
+    CallContext ctx("aten::" #OP "_.Tensor");                                                     \
+    auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
+    ctx.check_devices();                                                                          \
+    at::cpu::OP##_(ca, cb, alpha);                                                                \
+    return a;                                                                                     \
+  }                                                                                               \
+  at::Tensor& OP##_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha,        \
+                       at::Tensor& out) {                                                         \
+    CallContext ctx("aten::" #OP ".out");                                                         \
+    auto ca = ctx.alias(a), cb = ctx.alias(b), co = ctx.alias(out);                               \
+    ctx.check_devices();                                                                          \
+    at::cpu::OP##_out(co, ca, cb, alpha);                                                         \
+    ctx.sync_mutated();                                                                           \
+    return out;                                                                                   \
+  }
+
+#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP)                                                      \
+  at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b) {                              \
+    CallContext ctx("aten::" #OP);                                                                \
+    auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
+    ctx.check_devices();                                                                          \
+    return ctx.to_neuron(at::cpu::OP(ca, cb));                                                    \
+  }                                                                                               \
+  at::Tensor& OP##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {               \
+    CallContext ctx("aten::" #OP ".out");                                                         \
+    auto ca = ctx.alias(a), cb = ctx.alias(b), co = ctx.alias(out);                               \
+    ctx.check_devices();                                                                          \
+    at::cpu::OP##_out(co, ca, cb);                                                                \
+    ctx.sync_mutated();                                                                           \
+    return out;                                                                                   \
+  }
+
+#define NEURON_BINARY_INPLACE(OP)                                                                 \
+  at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b) {                                  \
+    CallContext ctx("aten::" #OP "_");                                                            \
+    auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
+    ctx.check_devices();                                                                          \
+    at::cpu::OP##_(ca, cb);                                                                       \
+    return a;                                                                                     \
+  }
+
+NEURON_BINARY_WITH_ALPHA(add)
+NEURON_BINARY_WITH_ALPHA(sub)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mul)
+NEURON_BINARY_INPLACE(mul)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(div)
+NEURON_BINARY_INPLACE(div)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mm)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm)
+
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  CallContext ctx("aten::addmm");
+  auto cs = ctx.alias(self), c1 = ctx.alias(m1), c2 = ctx.alias(m2);
+  ctx.check_devices();
+  return ctx.to_neuron(at::cpu::addmm(cs, c1, c2, beta, alpha));
+}
+
+at::Tensor& addmm_inplace(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
+                          const at::Scalar& alpha) {
+  CallContext ctx("aten::addmm_");
+  auto cs = ctx.alias(self), c1 = ctx.alias(m1), c2 = ctx.alias(m2);
+  ctx.check_devices();
+  at::cpu::addmm_(cs, c1, c2, beta, alpha);
+  return self;
+}
+
+at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out) {
+  CallContext ctx("aten::addmm.out");
+  auto cs = ctx.alias(self), c1 = ctx.alias(m1), c2 = ctx.alias(m2), co = ctx.alias(out);
+  ctx.check_devices();
+  at::cpu::addmm_out(co, cs, c1, c2, beta, alpha);
+  ctx.sync_mutated();
+  return out;
+}
+
+at::Tensor softmax(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  CallContext ctx("aten::_softmax");
+  return ctx.to_neuron(at::cpu::_softmax(ctx.alias(self), dim, half_to_float));
+}
+
+at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
+  CallContext ctx("aten::gelu");
+  return ctx.to_neuron(at::cpu::gelu(ctx.alias(self), approximate));
+}
+
+at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
+  CallContext ctx("aten::gelu_");
+  auto cs = ctx.alias(self);
+  at::cpu::gelu_(cs, approximate);
+  return self;
+}
+
+at::Tensor silu(const at::Tensor& self) {
+  CallContext ctx("aten::silu");
+  return ctx.to_neuron(at::cpu::silu(ctx.alias(self)));
+}
+
+at::Tensor& silu_inplace(at::Tensor& self) {
+  CallContext ctx("aten::silu_");
+  auto cs = ctx.alias(self);
+  at::cpu::silu_(cs);
+  return self;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input,
+                                                                 c10::IntArrayRef normalized_shape,
+                                                                 const std::optional<at::Tensor>& weight,
+                                                                 const std::optional<at::Tensor>& bias,
+                                                                 double eps) {
+  CallContext ctx("aten::native_layer_norm");
+  auto ci = ctx.alias(input);
+  std::optional<at::Tensor> cw = weight.has_value() ? std::optional<at::Tensor>(ctx.alias(*weight)) : weight;
+  std::optional<at::Tensor> cb = bias.has_value() ? std::optional<at::Tensor>(ctx.alias(*bias)) : bias;
+  ctx.check_devices();
+  auto [out, mean, rstd] = at::cpu::native_layer_norm(ci, normalized_shape, cw, cb, eps);
+  return {ctx.to_neuron(out), ctx.to_neuron(mean), ctx.to_neuron(rstd)};
+}
+
+at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
+  CallContext ctx("aten::cat");
+  std::vector<at::Tensor> aliases;
+  aliases.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) aliases.push_back(ctx.alias(t));
+  ctx.check_devices();
+  return ctx.to_neuron(at::cpu::cat(aliases, dim));
+}
+
+std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      double dropout_p, bool is_causal,
+                                                      const std::optional<at::Tensor>& attn_mask,
+                                                      std::optional<double> scale) {
+  CallContext ctx("aten::_scaled_dot_product_flash_attention_for_cpu");
+  auto cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
+  std::optional<at::Tensor> cm =
+      attn_mask.has_value() ? std::optional<at::Tensor>(ctx.alias(*attn_mask)) : attn_mask;
+  ctx.check_devices();
+  auto [out, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(cq, ck, cv, dropout_p, is_causal,
+                                                                              cm, scale);
+  return {ctx.to_neuron(out), ctx.to_neuron(logsumexp)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("add.Tensor", TORCH_FN(add_tensor));
+  m.impl("add_.Tensor", TORCH_FN(add_inplace));
+  m.impl("add.out", TORCH_FN(add_out));
+  m.impl("sub.Tensor", TORCH_FN(sub_tensor));
+  m.impl("sub_.Tensor", TORCH_FN(sub_inplace));
+  m.impl("sub.out", TORCH_FN(sub_out));
+  m.impl("mul.Tensor", TORCH_FN(mul_tensor));
+  m.impl("mul_.Tensor", TORCH_FN(mul_inplace));
+  m.impl("mul.out", TORCH_FN(mul_out));
+  m.impl("div.Tensor", TORCH_FN(div_tensor));
+  m.impl("div_.Tensor", TORCH_FN(div_inplace));
+  m.impl("div.out", TORCH_FN(div_out));
+  m.impl("mm", TORCH_FN(mm_tensor));
+  m.impl("mm.out", TORCH_FN(mm_out));
+  m.impl("bmm", TORCH_FN(bmm_tensor));
+  m.impl("bmm.out", TORCH_FN(bmm_out));
+  m.impl("addmm", TORCH_FN(addmm));
+  m.impl("addmm_", TORCH_FN(addmm_inplace));
+  m.impl("addmm.out", TORCH_FN(addmm_out));
+  m.impl("_softmax", TORCH_FN(softmax));
+  m.impl("gelu", TORCH_FN(gelu));
+  m.impl("gelu_", TORCH_FN(gelu_inplace));
+  m.impl("silu", TORCH_FN(silu));
+  m.impl("silu_", TORCH_FN(silu_inplace));
+  m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
+  m.impl("cat", TORCH_FN(cat));
+  m.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(sdpa_flash_for_cpu));
+}
+
+}  // namespace neuron

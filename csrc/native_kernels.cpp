@@ -1,0 +1,170 @@
+// The few ops neuron implements itself: memory (empty, resize_), metadata-only
+// views, copies across devices, scalars, and the ops whose CPU kernel is not
+// reachable by redispatch (convolution_overrideable, the SDPA backend choice).
+#include "dispatch.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/view_native.h>
+#include <torch/library.h>
+
+namespace neuron {
+namespace {
+
+void check_strided(std::optional<c10::Layout> layout, const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!layout.has_value() || *layout == c10::kStrided, op, ": layout ", *layout,
+                              " is not supported on neuron; only torch.strided tensors are.");
+}
+
+c10::DeviceIndex target_index(std::optional<c10::Device> device) {
+  return resolve_device_index(device.has_value() ? device->index() : -1);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  check_strided(layout, "empty");
+  DeviceScope scope(target_index(device));
+  return at::detail::empty_generic(size, neuron_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool>) {
+  check_strided(layout, "empty_strided");
+  DeviceScope scope(target_index(device));
+  return at::detail::empty_strided_generic(size, stride, neuron_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+// copy_ between any mix of neuron and CPU tensors: a CPU copy between aliases
+// (dtype conversion, broadcasting and conj/neg bits are CPU's own).
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  CallContext ctx("aten::copy_");
+  auto dst = ctx.alias(self, /*cpu_ok=*/true);
+  auto from = ctx.alias(src, /*cpu_ok=*/true);
+  dst.copy_(from, non_blocking);
+  return self;
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor out = dst;
+  copy_(out, self, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                   std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<c10::MemoryFormat> memory_format) {
+  CallContext ctx("aten::_to_copy");
+  auto cpu_self = ctx.alias(self);
+  const bool to_neuron = !device.has_value() || device->type() == kNeuron;
+  if (to_neuron) {
+    check_strided(layout, "to");
+    ctx.set_output_device(device.has_value() ? device->index() : self.device().index());
+  }
+  auto result = at::_to_copy(cpu_self, dtype, layout, c10::Device(c10::DeviceType::CPU),
+                             to_neuron ? std::nullopt : pin_memory, non_blocking, memory_format);
+  return to_neuron ? ctx.to_neuron(result) : result;
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  // CPU's resize grows the storage through the storage's own allocator: ours.
+  DeviceScope scope(self.device().index());
+  return at::native::resize_(self, size, memory_format);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  CallContext ctx("aten::_local_scalar_dense");
+  return at::native::_local_scalar_dense_cpu(ctx.alias(self));
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  CallContext ctx("aten::convolution_overrideable");
+  auto cpu_input = ctx.alias(input);
+  auto cpu_weight = ctx.alias(weight);
+  std::optional<at::Tensor> cpu_bias = bias.has_value() ? std::optional<at::Tensor>(ctx.alias(*bias)) : bias;
+  ctx.check_devices();
+  return ctx.to_neuron(at::convolution(cpu_input, cpu_weight, cpu_bias, stride, padding, dilation, transposed,
+                                       output_padding, groups));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  CallContext ctx("aten::convolution_backward_overrideable");
+  auto cpu_grad = ctx.alias(grad_output);
+  auto cpu_input = ctx.alias(input);
+  auto cpu_weight = ctx.alias(weight);
+  ctx.check_devices();
+  const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  auto [gi, gw, gb] = at::convolution_backward(cpu_grad, cpu_input, cpu_weight, c10::IntArrayRef{out_channels},
+                                               stride, padding, dilation, transposed, output_padding, groups,
+                                               output_mask);
+  return {ctx.to_neuron(gi), ctx.to_neuron(gw), ctx.to_neuron(gb)};
+}
+
+}  // namespace
+
+// SDPA picks its backend through a per-device stub; answering with CPU's own
+// choice makes neuron run exactly the kernels CPU runs (same numerics).
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  CallContext ctx("aten::_fused_sdp_choice");
+  std::optional<at::Tensor> cpu_mask =
+      attn_mask.has_value() ? std::optional<at::Tensor>(ctx.alias(*attn_mask)) : attn_mask;
+  return at::_fused_sdp_choice(ctx.alias(query), ctx.alias(key), ctx.alias(value), cpu_mask, dropout_p, is_causal,
+                               scale, enable_gqa);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("copy_", TORCH_FN(copy_));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_to_copy", TORCH_FN(to_copy));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
+}
+
+// Conjugate and negative views must reach _copy_from with their bits intact
+// (otherwise the conj fallback materializes by copying, which recurses).
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+}  // namespace neuron
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron::fused_sdp_choice);
+}  // namespace at::native

@@ -1,0 +1,155 @@
+// Devices, the device guard and the PrivateUse1 hooks: what makes `neuron`
+// a device of torch and torch's current accelerator.
+#include "neuron.h"
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+namespace neuron {
+namespace {
+
+std::atomic<int> g_device_count{1};
+std::atomic<bool> g_initialized{false};
+thread_local c10::DeviceIndex t_current_device = 0;
+
+}  // namespace
+
+c10::DeviceIndex device_count() noexcept {
+  return static_cast<c10::DeviceIndex>(g_device_count.load(std::memory_order_relaxed));
+}
+
+void set_device_count(int64_t count) {
+  // c10::DeviceIndex is int8_t: 127 devices is torch's own ceiling.
+  TORCH_CHECK(count >= 0 && count < kMaxDevices && count <= 127,
+              "neuron: cannot expose ", count, " devices; torch supports at most 127 per device type");
+  g_device_count.store(static_cast<int>(count));
+}
+
+void check_device_index(int64_t index) {
+  const int64_t count = device_count();
+  TORCH_CHECK(index >= 0 && index < count, "Invalid device index neuron:", index, ": ", count,
+              " neuron device(s) are visible, so valid indices are 0 to ", count - 1,
+              ". Use a device in that range (or 'neuron' for the current device).");
+}
+
+c10::DeviceIndex current_device() noexcept {
+  return t_current_device;
+}
+
+void set_current_device(c10::DeviceIndex index) {
+  check_device_index(index);
+  t_current_device = index;
+}
+
+c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
+  if (index < 0) return t_current_device;
+  check_device_index(index);
+  return index;
+}
+
+bool is_initialized() noexcept {
+  return g_initialized.load(std::memory_order_relaxed);
+}
+
+void mark_initialized() noexcept {
+  g_initialized.store(true, std::memory_order_relaxed);
+}
+
+namespace {
+
+// Execution is host-synchronous: every op has finished when it returns, so
+// the default stream is always idle and every event is complete when recorded.
+struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kNeuron; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const auto previous = t_current_device;
+    if (d.index() != previous) set_current_device(d.index());
+    return {kNeuron, previous};
+  }
+  c10::Device getDevice() const override { return {kNeuron, t_current_device}; }
+  void setDevice(c10::Device d) const override { set_current_device(d.index()); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < device_count()) t_current_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return c10::Stream(c10::Stream::DEFAULT, s.device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
+    if (*event == nullptr) *event = new int(0);
+  }
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<int*>(event);
+  }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
+
+struct NeuronHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return is_initialized(); }
+  void init() const override { mark_initialized(); }
+
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return t_current_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    const auto previous = t_current_device;
+    set_current_device(d);
+    return previous;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    return exchangeDevice(d);
+  }
+
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
+    return default_generator(d);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override { return new_generator(d); }
+
+  // Neuron memory is host memory; the pointer alone cannot tell the device.
+  c10::Device getDeviceFromPtr(void*) const override { return {kNeuron, t_current_device}; }
+
+  bool isPinnedPtr(const void* data) const override { return is_pinned_host_ptr(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_host_allocator(); }
+
+  // UntypedStorage.resize_() on a neuron storage.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
+    auto* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "neuron: trying to resize a storage that is not resizable");
+    const auto index = impl->device().index();
+    DeviceScope scope(index);
+    c10::DataPtr fresh = neuron_allocator()->allocate(new_bytes);
+    const size_t keep = std::min(new_bytes, impl->nbytes());
+    if (keep > 0) std::memcpy(fresh.get(), impl->data(), keep);
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(new_bytes);
+  }
+};
+
+struct HooksRegistrar {
+  HooksRegistrar() { at::RegisterPrivateUse1HooksInterface(new NeuronHooks()); }
+};
+HooksRegistrar g_hooks_registrar;
+
+}  // namespace
+}  // namespace neuron

@@ -1,0 +1,34 @@
+"""torch-neuronx-cpu: TorchNeuron's ``neuron`` device, executed on the host.
+
+After ``pip install``, ``import torch`` registers the ``neuron`` device (the
+``torch.backends`` entry point calls :func:`_autoload`). With
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, ``import torch_neuronx`` does it.
+"""
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group, called at the end of ``import torch``.
+
+    Defined before ``import torch`` below: if the user imports torch_neuronx first,
+    torch's autoload finds this function on the partly imported module.
+    """
+    from torch_neuronx import _registration
+
+    _registration.register(on_conflict="warn")
+
+
+import os as _os  # noqa: E402
+
+import torch  # noqa: E402,F401
+
+from torch_neuronx import _registration  # noqa: E402
+
+__version__ = "0.1.0"
+
+# Explicit import with autoload off must register (and fail loudly on a conflict);
+# under autoload a conflict only warns, so `import torch` never fails because of us.
+_registration.register(
+    on_conflict="warn" if _os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1" else "raise"
+)
+
+is_registered = _registration.is_registered

@@ -1,0 +1,70 @@
+"""Makes ``neuron`` a device of torch: PrivateUse1 renamed, the core loaded,
+``torch.neuron`` registered, tensor/module/storage methods generated."""
+import warnings
+
+import torch
+
+BACKEND_NAME = "neuron"
+
+_registered = False
+_warned = False
+
+
+class BackendConflictError(RuntimeError):
+    """PrivateUse1 already belongs to another backend."""
+
+
+def is_registered() -> bool:
+    return _registered
+
+
+def _conflict() -> str | None:
+    """Why PrivateUse1 can't be ours, or None if it is free (or already ours)."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", BACKEND_NAME):
+        return f"PrivateUse1 is already registered as {name!r} by another backend"
+    if name == BACKEND_NAME and not _registered:
+        return "a 'neuron' backend (e.g. AWS's torch-neuronx) is already registered in this process"
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if accelerator is not None and accelerator.type == "privateuseone":
+        return "another extension already registered PrivateUse1 hooks"
+    return None
+
+
+def register(on_conflict: str = "raise") -> bool:
+    """Register the neuron backend once. Returns True when neuron is (now) ours."""
+    global _registered, _warned
+    if _registered:
+        return True
+    problem = _conflict()
+    if problem is not None:
+        message = (
+            f"torch_neuronx (torch-neuronx-cpu) did not register the 'neuron' device: {problem}. "
+            "The other backend is left untouched. Uninstall one of the two, or disable autoloading "
+            "with TORCH_DEVICE_BACKEND_AUTOLOAD=0."
+        )
+        if on_conflict == "raise":
+            raise BackendConflictError(message)
+        if not _warned:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            _warned = True
+        return False
+
+    from torch_neuronx import _library, topology
+
+    _library.load()
+    torch.ops.neuron._set_device_count(topology.visible_core_count())
+    if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
+        torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+
+    from torch_neuronx import neuron as neuron_module
+
+    torch._register_device_module(BACKEND_NAME, neuron_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+    # Trainium computes in bfloat16: make it autocast's default dtype on neuron.
+    torch.set_autocast_dtype(BACKEND_NAME, torch.bfloat16)
+    neuron_module._install_fork_handler()
+    _registered = True
+    return True
