@@ -8,6 +8,7 @@
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/resize_native.h>
@@ -122,6 +123,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   return {ctx.to_neuron(gi), ctx.to_neuron(gw), ctx.to_neuron(gb)};
 }
 
+// Compressed sparse tensors are moved by building the result directly (no op
+// runs on the neuron side), so refuse the move here rather than later with a confusing error.
+at::Tensor sparse_compressed_to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                                     std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                     std::optional<bool> pin_memory, bool non_blocking,
+                                     std::optional<c10::MemoryFormat> memory_format) {
+  const bool dense_result = layout.has_value() && *layout == c10::kStrided;
+  TORCH_CHECK_NOT_IMPLEMENTED(!(device.has_value() && device->type() == kNeuron) || dense_result,
+                              "sparse (", self.layout(),
+                              ") tensors are not supported on neuron. Keep them on the CPU, or convert them "
+                              "to dense strided tensors (e.g. .to_dense()) before moving them to neuron.");
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
+}
+
 }  // namespace
 
 // SDPA picks its backend through a per-device stub; answering with CPU's own
@@ -150,6 +165,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
+}
+
+// Both keys: BackendSelect mixes the target device into the dispatch key.
+TORCH_LIBRARY_IMPL(aten, SparseCsrCPU, m) {
+  m.impl("_to_copy", TORCH_FN(sparse_compressed_to_copy));
+}
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("_to_copy", TORCH_FN(sparse_compressed_to_copy));
 }
 
 // Conjugate and negative views must reach _copy_from with their bits intact

@@ -1,0 +1,180 @@
+"""Eager-mode overhead of the neuron device against plain CPU PyTorch.
+
+Every case runs the same op on CPU tensors and on neuron tensors in this one
+process, interleaved round by round (the order alternating), so machine noise
+and frequency drift hit both sides alike. Reported: the median time per call of
+each side, and the medians of the per-round paired ratio and difference.
+
+    python benchmarks/bench_eager.py [--json PATH] [--threads N]
+"""
+import argparse
+import copy
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+# A fresh multi-MB malloc is an mmap with ms of page faults on these VMs, which
+# would swamp the large-op timings: keep freed blocks in the heap (both sides
+# benefit equally). glibc reads these only at startup, hence the re-exec.
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+if any(k not in os.environ for k in _MALLOC_ENV):
+    os.environ.update({k: v for k, v in _MALLOC_ENV.items() if k not in os.environ})
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+import torch  # noqa: E402  (autoloads the neuron backend)
+import torch.nn.functional as F  # noqa: E402
+
+SMALL, LARGE = (32, 32), (1024, 1024)  # 1k and 1M float32 elements
+CHUNK_S = 0.002  # each timed sample is a loop of about this long
+
+
+class Case:
+    """One benchmark row: `fn(*args)` on CPU args vs. the same on neuron args."""
+
+    def __init__(self, name, fn, cpu_args, budget_s, target=None):
+        self.name, self.fn, self.budget_s = name, fn, budget_s
+        self.target = target  # ("ratio", 1.05) | ("overhead_us", 1.0) | None (info only)
+        self.args = {"cpu": cpu_args, "neuron": tuple(to_neuron(a) for a in cpu_args)}
+
+
+def to_neuron(a):
+    if isinstance(a, torch.nn.Module):
+        return copy.deepcopy(a).to("neuron")
+    return a.to("neuron") if isinstance(a, torch.Tensor) else a
+
+
+def time_loop(fn, args, n):
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        fn(*args)
+    return (time.perf_counter_ns() - start) / n / 1e3  # µs per call
+
+
+def measure(case):
+    fn, args = case.fn, case.args
+    for side in args:  # warm up both sides (allocator caches, lazy init)
+        time_loop(fn, args[side], 3)
+    per_call = max(time_loop(fn, args[s], 5) for s in args) / 1e6
+    inner = max(1, round(CHUNK_S / per_call))
+    rounds = max(10, int(case.budget_s / (2 * inner * per_call)))
+    samples = {"cpu": [], "neuron": []}
+    for r in range(rounds):
+        for side in ("cpu", "neuron") if r % 2 == 0 else ("neuron", "cpu"):
+            samples[side].append(time_loop(fn, args[side], inner))
+    cpu, neu = samples["cpu"], samples["neuron"]
+    result = {
+        "name": case.name,
+        "inner": inner,
+        "rounds": rounds,
+        "cpu_us": statistics.median(cpu),
+        "neuron_us": statistics.median(neu),
+        "ratio": statistics.median(n / c for c, n in zip(cpu, neu)),
+        "overhead_us": statistics.median(n - c for c, n in zip(cpu, neu)),
+        "target": case.target,
+        "samples": samples,
+    }
+    if case.target:
+        kind, limit = case.target
+        result["pass"] = result[kind] <= limit
+    return result
+
+
+class PreLNBlock(torch.nn.Module):
+    """A GPT-style block: x + attn(ln(x)), then x + mlp(ln(x)), attention via SDPA."""
+
+    def __init__(self, d_model=256, nhead=4):
+        super().__init__()
+        self.nhead = nhead
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d_model), torch.nn.LayerNorm(d_model)
+        self.qkv, self.proj = torch.nn.Linear(d_model, 3 * d_model), torch.nn.Linear(d_model, d_model)
+        self.fc1, self.fc2 = torch.nn.Linear(d_model, 4 * d_model), torch.nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def forward(module, x):
+    return module(x)
+
+
+def build_cases():
+    torch.manual_seed(0)
+    cases = []
+    binary = {"add": torch.add, "mul": torch.mul, "sub": torch.sub, "div": torch.div, "add_": torch.Tensor.add_}
+    unary = {
+        "gelu": F.gelu,
+        "silu": F.silu,
+        "softmax": lambda x: torch.softmax(x, -1),
+        "neg (boxed fallback)": torch.neg,  # no fast path: shows what the fallback costs
+    }
+    for size, label, budget in ((SMALL, "1k", 1.5), (LARGE, "1M", 2.5)):
+        for name, fn in [*binary.items(), *unary.items()]:
+            fast_path = "fallback" not in name
+            target = None if not fast_path else ("overhead_us", 1.0) if size == SMALL else ("ratio", 1.05)
+            # add_ keeps adding small values, so nothing overflows across many calls
+            args = (torch.rand(size), torch.rand(size) * 1e-6) if name in binary else (torch.randn(size),)
+            cases.append(Case(f"{name} {label}", fn, args, budget, target))
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    cases.append(Case("matmul 1024x1024", torch.mm, (a, b), 6.0, ("ratio", 1.05)))
+    x = torch.randn(4, 128, 256)
+    encoder = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, batch_first=True).eval()
+    for name, block in (("nn.TransformerEncoderLayer", encoder), ("pre-LN block (SDPA+MLP)", PreLNBlock().eval())):
+        cases.append(Case(f"{name} b4 s128 d256", forward, (block, x), 6.0, ("ratio", 1.10)))
+    return cases
+
+
+def markdown(results, threads):
+    lines = [
+        f"torch {torch.__version__}, {threads} threads, {platform.processor() or platform.machine()}; "
+        "median µs per call; ratio and overhead are medians of interleaved per-round pairs.",
+        "",
+        "| case | CPU µs | neuron µs | ratio | overhead µs | target | result |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        target = "—"
+        if r["target"]:
+            kind, limit = r["target"]
+            target = f"≤ {limit:.2f}x" if kind == "ratio" else f"≤ +{limit:g} µs"
+        result = "—" if "pass" not in r else "PASS" if r["pass"] else "MISS"
+        lines.append(
+            f"| {r['name']} | {r['cpu_us']:.2f} | {r['neuron_us']:.2f} | {r['ratio']:.3f} | "
+            f"{r['overhead_us']:+.2f} | {target} | {result} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (both sides)")
+    opts = parser.parse_args()
+
+    torch.set_num_threads(opts.threads)  # one process, so both sides share the setting
+    gc.disable()  # a collection landing inside one side's loop is noise
+    results = []
+    with torch.no_grad():
+        for case in build_cases():
+            results.append(measure(case))
+            r = results[-1]
+            print(f"  {r['name']}: {r['cpu_us']:.2f} / {r['neuron_us']:.2f} µs", file=sys.stderr, flush=True)
+    print(markdown(results, opts.threads))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            meta = {"torch": torch.__version__, "threads": opts.threads, "malloc_env": _MALLOC_ENV}
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+    misses = [r["name"] for r in results if r.get("pass") is False]
+    if misses:
+        print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

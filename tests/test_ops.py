@@ -1,0 +1,236 @@
+"""Eager ops on neuron against CPU: views, in-place, out=, lists, indexing, dtypes, attention."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oracle import assert_same, to_device
+
+N = "neuron"
+
+
+def test_tensor_round_trip_is_a_copy():
+    x = torch.randn(3, 4)
+    y = x.to(N)
+    assert y.device == torch.device("neuron:0") and y.is_neuron
+    x.add_(1)
+    assert not torch.equal(y.cpu(), x)
+
+
+def test_view_writes_through_to_base():
+    base_cpu = torch.arange(24.0).reshape(4, 6)
+    base = base_cpu.to(N)
+    for b in (base_cpu, base):
+        v = b[1:3, ::2]
+        v.mul_(-1)
+        b.view(-1)[0] = 100
+        b.t()[5, 3] = 7
+    assert_same(base, base_cpu)
+    assert base[1:3].untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+
+
+def test_views_share_storage_and_version_counter():
+    x = torch.zeros(4, 4, device=N)
+    v = x.view(16)
+    assert v._base is x
+    assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    before = x._version
+    v.add_(1)
+    assert x._version > before
+    assert torch.equal(x.cpu(), torch.ones(4, 4))
+    parts = x.unbind(0)  # a multi-output view op through the fallback
+    parts[2].fill_(5)
+    assert x[2].cpu().eq(5).all()
+
+
+@pytest.mark.parametrize("op", ["add_", "mul_", "clamp_", "exp_", "copy_"])
+def test_inplace_on_non_contiguous_views(op):
+    cpu = torch.randn(6, 8)
+    dev = cpu.to(N)
+    for t in (cpu, dev):
+        v = t[::2, 1::3].transpose(0, 1)
+        assert not v.is_contiguous()
+        if op == "clamp_":
+            v.clamp_(-0.1, 0.1)
+        elif op == "exp_":
+            v.exp_()
+        elif op == "copy_":
+            v.copy_(torch.full(v.shape, 3.0))
+        else:
+            getattr(v, op)(torch.full_like(v, 2.0))
+    assert_same(dev, cpu)
+
+
+def test_out_resizes_and_reallocates():
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    for fn in (torch.add, torch.mul, torch.sub, torch.atan2, torch.maximum):
+        out_cpu = torch.empty(0)
+        out = torch.empty(0, device=N)
+        fn(a, b, out=out_cpu)
+        result = fn(a.to(N), b.to(N), out=out)
+        assert result is out
+        assert out.shape == (64, 32)
+        assert_same(out, out_cpu)
+    # matmul family out= with resize
+    out = torch.empty(0, device=N)
+    torch.mm(a.to(N), b.T.to(N), out=out)
+    assert_same(out, a @ b.T, rtol=1e-6, atol=1e-5, exact=False)
+    # out= into a view of a bigger tensor must write through, not reallocate
+    big = torch.zeros(3, 64, 32, device=N)
+    torch.add(a.to(N), b.to(N), out=big[1])
+    assert_same(big[1], a + b)
+    assert big[0].abs().sum().item() == 0
+
+
+def test_out_resize_memory_is_accounted():
+    before = torch.ops.neuron._memory_stats(0)[0]
+    out = torch.empty(0, device=N)
+    ones = torch.ones(1000, device=N)
+    torch.add(ones, 1, out=out)
+    after = torch.ops.neuron._memory_stats(0)[0]
+    assert after - before == 8000  # 1000 float32 ones + 1000 float32 out
+    del out
+    assert torch.ops.neuron._memory_stats(0)[0] - before == 4000
+
+
+def test_tensorlist_ops():
+    xs = [torch.randn(5) for _ in range(4)]
+    ys = [torch.randn(5) for _ in range(4)]
+    dxs, dys = to_device(xs, N), to_device(ys, N)
+    assert_same(torch._foreach_add(dxs, dys), torch._foreach_add(xs, ys))
+    torch._foreach_mul_(dxs, 3.0)
+    torch._foreach_mul_(xs, 3.0)
+    assert_same(dxs, xs)
+    assert_same(torch.cat(dxs), torch.cat(xs))
+    assert_same(torch.stack(dxs, 1), torch.stack(xs, 1))
+    assert_same(list(torch.split(dxs[0], 2)), list(torch.split(xs[0], 2)))
+    assert_same(list(torch.chunk(torch.cat(dxs), 3)), list(torch.chunk(torch.cat(xs), 3)))
+
+
+@pytest.mark.parametrize("index_device", ["neuron", "cpu"])
+def test_indexing_with_neuron_and_cpu_indices(index_device):
+    x = torch.randn(10, 6)
+    d = x.to(N)
+    idx = torch.tensor([0, 3, 3, 9])
+    didx = idx.to(index_device)
+    assert_same(d[didx], x[idx])
+    assert_same(d[didx, 1:4], x[idx, 1:4])
+    mask = x > 0
+    assert_same(d[mask.to(index_device)], x[mask])
+    d2, x2 = d.clone(), x.clone()
+    d2[didx] = 0.5
+    x2[idx] = 0.5
+    assert_same(d2, x2)
+    d2.index_put_((didx,), torch.ones(4, 6, device=N), accumulate=True)
+    x2.index_put_((idx,), torch.ones(4, 6), accumulate=True)
+    assert_same(d2, x2)
+    assert_same(d.index_select(0, idx.to(N)), x.index_select(0, idx))
+    assert_same(torch.gather(d, 1, idx[:2].view(2, 1).expand(2, 3).to(N)),
+                torch.gather(x, 1, idx[:2].view(2, 1).expand(2, 3)))
+
+
+def test_batchnorm_running_stats_update_in_place():
+    bn_cpu = torch.nn.BatchNorm2d(3)
+    bn = torch.nn.BatchNorm2d(3).to(N)
+    x = torch.randn(4, 3, 5, 5)
+    for _ in range(3):
+        y_cpu = bn_cpu(x)
+        y = bn(x.to(N))
+    assert_same(y, y_cpu, exact=False, rtol=1e-5, atol=1e-6)
+    assert_same(bn.running_mean, bn_cpu.running_mean, exact=False, rtol=1e-6, atol=1e-7)
+    assert_same(bn.running_var, bn_cpu.running_var, exact=False, rtol=1e-6, atol=1e-7)
+    assert bn.num_batches_tracked.item() == 3
+
+
+ALL_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+              torch.float16, torch.bfloat16, torch.float32, torch.float64,
+              torch.complex64, torch.complex128]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_all_dtypes(dtype):
+    cpu = (torch.randn(5, 7) * 5).to(dtype) if not dtype.is_complex else torch.randn(5, 7, dtype=dtype)
+    dev = cpu.to(N)
+    assert dev.dtype == dtype
+    assert_same(dev, cpu)
+    if dtype != torch.bool:
+        assert_same(dev + dev, cpu + cpu)
+        assert_same(dev * 2, cpu * 2)
+        assert_same(dev.sum(0), cpu.sum(0))
+    assert_same(dev.t().contiguous(), cpu.t().contiguous())
+    assert_same(dev == dev.flip(0), cpu == cpu.flip(0))
+    assert_same(dev.to(torch.float32), cpu.to(torch.float32)) if not dtype.is_complex else None
+    assert_same(dev[1:3].clone(), cpu[1:3].clone())
+
+
+def test_complex_conj_and_neg_views():
+    c = torch.randn(4, 3, dtype=torch.complex64)
+    d = c.to(N)
+    assert d.conj().is_conj()
+    assert_same(d.conj(), c.conj())
+    assert_same(d.conj().resolve_conj(), c.conj().resolve_conj())
+    assert_same(d.conj() * 2, c.conj() * 2)
+    assert_same(torch.view_as_real(d), torch.view_as_real(c))
+    assert_same(d.imag, c.imag)
+    assert_same(d.conj().imag.neg(), c.conj().imag.neg())
+    out = torch.empty_like(d)
+    out.copy_(d.conj())
+    assert_same(out, c.conj().resolve_conj())
+    torch.testing.assert_close(d.conj().cpu(), c.conj(), rtol=0, atol=0)
+
+
+def test_scalars_and_zero_dim():
+    x = torch.randn(3, 3)
+    d = x.to(N)
+    assert_same(d + torch.tensor(2.0), x + 2.0)  # 0-dim CPU tensor is allowed, as on CUDA
+    assert d.max().item() == x.max().item()
+    assert_same(d * 1.5 + 2, x * 1.5 + 2)
+    assert bool((d > 100).any()) is False
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_forward_backward(causal):
+    q, k, v = (torch.randn(2, 4, 16, 32, requires_grad=True) for _ in range(3))
+    dq, dk, dv = to_device([q, k, v], N)
+    out_cpu = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=causal)
+    assert_same(out, out_cpu)
+    grad = torch.randn_like(out_cpu)
+    out_cpu.backward(grad)
+    out.backward(grad.to(N))
+    for n, c in ((dq, q), (dk, k), (dv, v)):
+        assert_same(n.grad, c.grad)
+
+
+def test_sdpa_with_mask():
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    mask = torch.randn(8, 8) > 0
+    mask[:, 0] = True
+    assert_same(F.scaled_dot_product_attention(*to_device([q, k, v, mask], N)[:3], attn_mask=mask.to(N)),
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def test_conv_and_pooling():
+    x = torch.randn(2, 3, 16, 16)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    dconv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    dconv.load_state_dict(conv.state_dict())
+    dconv.to(N)
+    assert_same(dconv(x.to(N)), conv(x))
+    assert_same(F.max_pool2d(x.to(N), 2), F.max_pool2d(x, 2))
+    tconv = torch.nn.ConvTranspose2d(3, 4, 2, stride=2)
+    assert_same(tconv.to(N)(x.to(N)), tconv.cpu()(x))
+
+
+def test_factories_on_neuron():
+    for make in (lambda d: torch.zeros(3, 2, device=d), lambda d: torch.ones(5, dtype=torch.int64, device=d),
+                 lambda d: torch.arange(10, device=d), lambda d: torch.full((2, 2), 7.0, device=d),
+                 lambda d: torch.eye(3, device=d), lambda d: torch.linspace(0, 1, 5, device=d),
+                 lambda d: torch.empty(0, device=d)):
+        result = make(N)
+        assert result.device == torch.device("neuron:0")
+        assert_same(result, make("cpu")) if result.numel() else None
+    with torch.neuron.device(1):
+        t = torch.zeros(2, device=N)
+    assert t.device == torch.device("neuron:1")
+    assert torch.zeros(2, device="neuron:2").device.index == 2
+    assert torch.arange(3, device="neuron:3").device.index == 3
