@@ -14,10 +14,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch first (the CPU wheel on local disk), then build tools and test deps.
-$(VENV)/.deps: pyproject.toml | $(PY)
+$(VENV)/.deps: pyproject.toml requirements-test.txt | $(PY)
 	$(PIP) install torch==2.13.0
 	$(PIP) install "setuptools>=64" wheel ninja
-	$(PIP) install pytest expecttest numpy safetensors "diffusers==0.42.1" "accelerate==1.15.*" "transformers>=5,<6"
+	$(PIP) install -r requirements-test.txt
 	touch $@
 
 # The core is compiled against the installed torch (no build isolation).

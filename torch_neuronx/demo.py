@@ -41,6 +41,10 @@ def main():
     reference = TinyTransformer()
     model = copy.deepcopy(reference).to("neuron")
 
+    # First calls pay one-time costs (torch._dynamo import, kernel warm-up) on whichever
+    # device runs first: warm both up on throwaway copies before timing.
+    for device in ("cpu", "neuron"):
+        train(copy.deepcopy(reference).to(device), device, 1, tokens, targets)
     print(f"torch {torch.__version__}; accelerator: {torch.accelerator.current_accelerator()}; "
           f"neuron devices: {torch.neuron.device_count()}")
     start = time.perf_counter()
