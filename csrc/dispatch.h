@@ -22,6 +22,9 @@ class CallContext {
   // with dims beside neuron tensors is a device mismatch unless `cpu_ok`
   // (index lists, which accept CPU indices as CUDA does).
   at::Tensor alias(const at::Tensor& t, bool cpu_ok = false);
+  std::optional<at::Tensor> alias(const std::optional<at::Tensor>& t) {
+    return t.has_value() ? std::optional<at::Tensor>(alias(*t)) : t;
+  }
   c10::Storage alias_storage(const c10::Storage& s);
   // Raise PyTorch's usual device-mismatch error if the arguments mixed devices.
   void check_devices() const;

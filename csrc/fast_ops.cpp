@@ -132,8 +132,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tenso
                                                                  double eps) {
   CallContext ctx("aten::native_layer_norm");
   auto ci = ctx.alias(input);
-  std::optional<at::Tensor> cw = weight.has_value() ? std::optional<at::Tensor>(ctx.alias(*weight)) : weight;
-  std::optional<at::Tensor> cb = bias.has_value() ? std::optional<at::Tensor>(ctx.alias(*bias)) : bias;
+  std::optional<at::Tensor> cw = ctx.alias(weight);
+  std::optional<at::Tensor> cb = ctx.alias(bias);
   ctx.check_devices();
   auto [out, mean, rstd] = at::cpu::native_layer_norm(ci, normalized_shape, cw, cb, eps);
   return {ctx.to_neuron(out), ctx.to_neuron(mean), ctx.to_neuron(rstd)};
@@ -154,8 +154,7 @@ std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const
                                                       std::optional<double> scale) {
   CallContext ctx("aten::_scaled_dot_product_flash_attention_for_cpu");
   auto cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
-  std::optional<at::Tensor> cm =
-      attn_mask.has_value() ? std::optional<at::Tensor>(ctx.alias(*attn_mask)) : attn_mask;
+  std::optional<at::Tensor> cm = ctx.alias(attn_mask);
   ctx.check_devices();
   auto [out, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(cq, ck, cv, dropout_p, is_causal,
                                                                               cm, scale);

@@ -101,7 +101,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   CallContext ctx("aten::convolution_overrideable");
   auto cpu_input = ctx.alias(input);
   auto cpu_weight = ctx.alias(weight);
-  std::optional<at::Tensor> cpu_bias = bias.has_value() ? std::optional<at::Tensor>(ctx.alias(*bias)) : bias;
+  std::optional<at::Tensor> cpu_bias = ctx.alias(bias);
   ctx.check_devices();
   return ctx.to_neuron(at::convolution(cpu_input, cpu_weight, cpu_bias, stride, padding, dilation, transposed,
                                        output_padding, groups));
@@ -145,8 +145,7 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
   CallContext ctx("aten::_fused_sdp_choice");
-  std::optional<at::Tensor> cpu_mask =
-      attn_mask.has_value() ? std::optional<at::Tensor>(ctx.alias(*attn_mask)) : attn_mask;
+  std::optional<at::Tensor> cpu_mask = ctx.alias(attn_mask);
   return at::_fused_sdp_choice(ctx.alias(query), ctx.alias(key), ctx.alias(value), cpu_mask, dropout_p, is_causal,
                                scale, enable_gqa);
 }
