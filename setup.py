@@ -4,9 +4,14 @@ Install without build isolation so the core links against the torch that will ru
     pip install --no-build-isolation -e .
 """
 import glob
+import os
 
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+# Importing torch autoloads an installed torch_neuronx, possibly a stale build of
+# this very project: the build must not depend on it.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 setup(
     ext_modules=[

@@ -113,11 +113,13 @@ def build_cases():
         "gelu": F.gelu,
         "silu": F.silu,
         "softmax": lambda x: torch.softmax(x, -1),
-        "neg (boxed fallback)": torch.neg,  # no fast path: shows what the fallback costs
+        # No fast path: the price of the generic route (for neg, a structured op, that is
+        # PyTorch's CompositeExplicitAutogradNonFunctional kernel: empty + neg.out via the boxed fallback).
+        "neg (no fast path)": torch.neg,
     }
     for size, label, budget in ((SMALL, "1k", 1.5), (LARGE, "1M", 2.5)):
         for name, fn in [*binary.items(), *unary.items()]:
-            fast_path = "fallback" not in name
+            fast_path = "no fast path" not in name
             target = None if not fast_path else ("overhead_us", 1.0) if size == SMALL else ("ratio", 1.05)
             # add_ keeps adding small values, so nothing overflows across many calls
             args = (torch.rand(size), torch.rand(size) * 1e-6) if name in binary else (torch.randn(size),)
@@ -131,10 +133,11 @@ def build_cases():
     return cases
 
 
-def markdown(results, threads):
+def markdown(results, threads, load):
     lines = [
-        f"torch {torch.__version__}, {threads} threads, {platform.processor() or platform.machine()}; "
-        "median µs per call; ratio and overhead are medians of interleaved per-round pairs.",
+        f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
+        f"load average {load:.1f} at start; median µs per call; ratio and overhead are medians of "
+        "interleaved per-round pairs.",
         "",
         "| case | CPU µs | neuron µs | ratio | overhead µs | target | result |",
         "|---|---:|---:|---:|---:|---|---|",
@@ -158,6 +161,7 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (both sides)")
     opts = parser.parse_args()
 
+    load = os.getloadavg()[0]  # other busy processes make per-side medians jumpy; pairs hold up
     torch.set_num_threads(opts.threads)  # one process, so both sides share the setting
     gc.disable()  # a collection landing inside one side's loop is noise
     results = []
@@ -166,10 +170,10 @@ def main():
             results.append(measure(case))
             r = results[-1]
             print(f"  {r['name']}: {r['cpu_us']:.2f} / {r['neuron_us']:.2f} µs", file=sys.stderr, flush=True)
-    print(markdown(results, opts.threads))
+    print(markdown(results, opts.threads, load))
     if opts.json:
         with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "malloc_env": _MALLOC_ENV}
+            meta = {"torch": torch.__version__, "threads": opts.threads, "loadavg": load, "malloc_env": _MALLOC_ENV}
             json.dump({"meta": meta, "results": results}, f, indent=1)
     misses = [r["name"] for r in results if r.get("pass") is False]
     if misses:

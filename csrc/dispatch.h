@@ -4,9 +4,16 @@
 
 #include "neuron.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 
 namespace neuron {
+
+// The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
+void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Registers the fallback as the neuron kernel of ops whose generic (structured)
+// kernel would otherwise outrank it; returns how many ops it routed.
+int64_t route_structured_ops_to_fallback();
 
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.

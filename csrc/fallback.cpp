@@ -49,6 +49,8 @@ c10::IValue results_to_neuron(CallContext& ctx, const c10::IValue& value) {
   return out;
 }
 
+}  // namespace
+
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
@@ -97,6 +99,34 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     (*stack)[i] = results_to_neuron(ctx, (*stack)[i]);
   }
 }
+
+// An op with a structured CPU kernel also has a generic
+// CompositeExplicitAutogradNonFunctional kernel, which outranks a backend
+// fallback: on neuron it would allocate the output, then run the .out op through
+// the fallback (about 1.4 us more per call). Route such ops to the fallback directly.
+int64_t route_structured_ops_to_fallback() {
+  static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                            __FILE__, __LINE__);
+  static int64_t routed = -1;
+  if (routed >= 0) return routed;
+  routed = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++routed;
+  }
+  return routed;
+}
+
+namespace {
 
 template <const char* kWhat>
 void unsupported_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {

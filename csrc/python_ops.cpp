@@ -1,6 +1,6 @@
 // The core's Python surface, as `torch.ops.neuron.*` (no pybind: the core
 // links only against libtorch, and these are not hot paths).
-#include "neuron.h"
+#include "dispatch.h"
 
 #include <torch/library.h>
 
@@ -39,6 +39,7 @@ TORCH_LIBRARY(neuron, m) {
   });
   // [allocated, peak, allocated_total, freed_total, num_allocs, num_frees] in bytes/counts.
   m.def("_memory_stats(int index) -> int[]", &memory_stats_of);
+  m.def("_route_structured_ops_to_fallback() -> int", []() { return route_structured_ops_to_fallback(); });
   m.def("_reset_peak_memory_stats(int index) -> ()", &reset_peak_memory_stats);
 }
 

@@ -14,7 +14,7 @@ def _autoload():
     """
     from torch_neuronx import _registration
 
-    _registration.register(on_conflict="warn")
+    _registration.register_for_autoload()
 
 
 import os as _os  # noqa: E402
@@ -25,10 +25,11 @@ from torch_neuronx import _registration  # noqa: E402
 
 __version__ = "0.1.0"
 
-# Explicit import with autoload off must register (and fail loudly on a conflict);
-# under autoload a conflict only warns, so `import torch` never fails because of us.
-_registration.register(
-    on_conflict="warn" if _os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1" else "raise"
-)
+# Under autoload (this import is torch's) a problem only warns, so `import torch`
+# never fails because of us; an explicit import with autoload off fails loudly.
+if _os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1":
+    _registration.register_for_autoload()
+else:
+    _registration.register(on_conflict="raise")
 
 is_registered = _registration.is_registered

@@ -31,9 +31,29 @@ def _conflict() -> str | None:
     return None
 
 
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        _warned = True
+
+
+def register_for_autoload() -> bool:
+    """Register from torch's autoload: never raise, so `import torch` always succeeds."""
+    try:
+        return register(on_conflict="warn")
+    except Exception as error:  # noqa: BLE001 - any failure must leave torch importable
+        _warn_once(
+            f"torch_neuronx (torch-neuronx-cpu) failed to register the 'neuron' device: {error!r}. "
+            "torch works without it. Reinstall the project (pip install --no-build-isolation -e .), "
+            "or disable autoloading with TORCH_DEVICE_BACKEND_AUTOLOAD=0."
+        )
+        return False
+
+
 def register(on_conflict: str = "raise") -> bool:
     """Register the neuron backend once. Returns True when neuron is (now) ours."""
-    global _registered, _warned
+    global _registered
     if _registered:
         return True
     problem = _conflict()
@@ -45,15 +65,14 @@ def register(on_conflict: str = "raise") -> bool:
         )
         if on_conflict == "raise":
             raise BackendConflictError(message)
-        if not _warned:
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-            _warned = True
+        _warn_once(message)
         return False
 
     from torch_neuronx import _library, topology
 
     _library.load()
     torch.ops.neuron._set_device_count(topology.visible_core_count())
+    torch.ops.neuron._route_structured_ops_to_fallback()
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
 
