@@ -115,7 +115,26 @@ at::Tensor CallContext::to_neuron(const at::Tensor& r) {
                                 " tensors are not supported on neuron. Keep this computation on the CPU "
                                 "(e.g. x.cpu()), or use a dense strided tensor.");
   }
+  if (r.use_count() == 1 && r.storage().use_count() == 1 && !r.is_view()) return retag_fresh_result(r);
   return make_neuron_tensor(neuron_storage_for(r.storage()), r);
+}
+
+at::Tensor CallContext::retag_fresh_result(const at::Tensor& r) {
+  // Nothing else holds this result or its storage: it becomes the neuron tensor
+  // itself (memory adopted in place, backend keys switched), with no new objects.
+  auto* impl = r.unsafeGetTensorImpl();
+  auto* storage = impl->storage().unsafeGetStorageImpl();
+  for (const auto& p : storages_) {
+    if (p.alias.unsafeGetStorageImpl() == storage) return make_neuron_tensor(neuron_storage_for(r.storage()), r);
+  }
+  const auto index = output_device();
+  const size_t nbytes = storage->nbytes();
+  c10::DataPtr cpu_data = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+  storage->set_data_ptr_noswap(adopt_data_ptr(std::move(cpu_data), nbytes, index));
+  storage->set_allocator(neuron_allocator());
+  impl->set_storage_keep_dtype(impl->storage());  // refreshes the tensor's device from its storage
+  impl->_change_backend_component_keys(c10::Device(kNeuron, index));
+  return r;
 }
 
 void CallContext::sync_mutated() {

@@ -50,6 +50,7 @@ class CallContext {
 
  private:
   c10::Storage neuron_storage_for(const c10::Storage& cpu_storage);
+  at::Tensor retag_fresh_result(const at::Tensor& cpu_result);
 
   struct StoragePair {
     c10::StorageImpl* neuron;  // kept alive by the argument tensors

@@ -22,6 +22,7 @@ that compares nothing (no sample ran, or every sample raised on CPU) fails.
 Generated tests: ``TestOpInfoPRIVATEUSE1::test_{forward,backward}_<op>_neuron_float32``.
 Full sweep (every sample of every op, ~15 min here): ``NEURON_OPINFO_MAX_SAMPLES=0``.
 """
+import contextlib
 import copy
 import os
 import unittest
@@ -87,6 +88,20 @@ def _seed():
     Python stack per lazy CUDA/XPU/MTIA seeding call: ~4 ms a call, a third of the run time)."""
     torch.default_generator.manual_seed(SEED)
     torch.neuron.manual_seed_all(SEED)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Run the sweep single-threaded. The samples are tiny (far below ATen's parallel grain), so
+    threads only add OpenMP synchronisation, and on this 2-core machine shared with compile jobs
+    that costs dearly: max_pool2d's 1,440 samples take 0.02 s with 1 thread, 7-11 s with 2, on
+    plain CPU too. Both sides run with the same setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _with_our_decorators(op):
@@ -249,6 +264,15 @@ class TestOpInfo(TestCase):
 
     @ops(FORWARD_OPS, allowed_dtypes=(torch.float32,))
     def test_forward(self, device, dtype, op):
+        with _one_thread():
+            self._forward(device, op)
+
+    @ops(BACKWARD_OPS, allowed_dtypes=(torch.float32,))
+    def test_backward(self, device, dtype, op):
+        with _one_thread():
+            self._backward(device, op)
+
+    def _forward(self, device, op):
         metadata_only = op.name in METADATA_ONLY
         compared = 0
         for i, sample in _samples(op, device, requires_grad=False):
@@ -274,8 +298,7 @@ class TestOpInfo(TestCase):
         if not compared:
             self.fail("no sample compared (none, or all raised on CPU): list the op with a reason")
 
-    @ops(BACKWARD_OPS, allowed_dtypes=(torch.float32,))
-    def test_backward(self, device, dtype, op):
+    def _backward(self, device, op):
         compared = 0
         for i, sample in _samples(op, device, requires_grad=True):
             what = _describe(i, sample)

@@ -89,3 +89,21 @@ def test_taken_privateuse1_under_autoload_warns_and_import_torch_survives(tmp_pa
     assert r.returncode == 0, r.stderr
     assert "imported otherdev False" in r.stdout
     assert r.stderr.count("did not register the 'neuron' device") == 1, r.stderr
+
+
+def test_broken_install_under_autoload_warns_and_import_torch_survives():
+    # Simulate a core that fails to load (e.g. built against another torch).
+    r = run("""
+        import sys, types
+        fake = types.ModuleType("torch_neuronx._library")
+        def load():
+            raise ImportError("undefined symbol (simulated)")
+        fake.load = load
+        sys.modules["torch_neuronx._library"] = fake
+        import torch
+        print("imported", hasattr(torch, "neuron"), torch.ones(2).sum().item())
+    """, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    assert r.returncode == 0, r.stderr
+    assert "imported False 2.0" in r.stdout
+    assert r.stderr.count("failed to register the 'neuron' device") == 1, r.stderr
+    assert "undefined symbol (simulated)" in r.stderr
