@@ -11,9 +11,9 @@ namespace neuron {
 
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-// Registers the fallback as the neuron kernel of ops whose generic (structured)
-// kernel would otherwise outrank it; returns how many ops it routed.
-int64_t route_structured_ops_to_fallback();
+// Registers the fallback as the neuron kernel of ops that have a CPU kernel and
+// a generic kernel that would otherwise outrank it; returns how many it routed.
+int64_t route_generic_kernel_ops_to_fallback();
 
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.
@@ -23,7 +23,7 @@ at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like);
 // storage, so CPU overlap checks and view detection see what they would on CPU.
 class CallContext {
  public:
-  explicit CallContext(const char* op_name) : op_name_(op_name) {}
+  explicit CallContext(const char* op_name) : op_name_(op_name) { sync_intraop_threads(); }
 
   // The CPU alias of a tensor argument (CPU tensors pass through). A CPU tensor
   // with dims beside neuron tensors is a device mismatch unless `cpu_ok`

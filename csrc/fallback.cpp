@@ -100,11 +100,13 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-// An op with a structured CPU kernel also has a generic
-// CompositeExplicitAutogradNonFunctional kernel, which outranks a backend
-// fallback: on neuron it would allocate the output, then run the .out op through
-// the fallback (about 1.4 us more per call). Route such ops to the fallback directly.
-int64_t route_structured_ops_to_fallback() {
+// An op with its own CPU kernel may also have a generic (composite) kernel: the
+// one every structured op gets (CompositeExplicitAutogradNonFunctional), or a
+// decomposition for other backends (CompositeExplicitAutograd/ImplicitAutograd).
+// On neuron that generic kernel outranks a backend fallback, so neuron would run
+// a decomposition (other last bits than CPU) or an empty + .out round trip
+// (+1.4 us). Route such ops to the fallback, i.e. to CPU's own kernel.
+int64_t route_generic_kernel_ops_to_fallback() {
   static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                             __FILE__, __LINE__);
   static int64_t routed = -1;
@@ -114,11 +116,15 @@ int64_t route_structured_ops_to_fallback() {
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       continue;
     }
+    const bool has_generic_kernel =
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    if (!has_generic_kernel) continue;
     const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
     ++routed;

@@ -145,9 +145,16 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
   CallContext ctx("aten::_fused_sdp_choice");
-  std::optional<at::Tensor> cpu_mask = ctx.alias(attn_mask);
-  return at::_fused_sdp_choice(ctx.alias(query), ctx.alias(key), ctx.alias(value), cpu_mask, dropout_p, is_causal,
-                               scale, enable_gqa);
+  // The choice depends on which inputs require grad: the aliases must say so too.
+  auto alias_with_grad = [&ctx](const at::Tensor& t) {
+    auto a = ctx.alias(t);
+    if (t.defined() && t.requires_grad()) a.unsafeGetTensorImpl()->set_requires_grad(true);
+    return a;
+  };
+  std::optional<at::Tensor> cpu_mask =
+      attn_mask.has_value() ? std::optional<at::Tensor>(alias_with_grad(*attn_mask)) : attn_mask;
+  return at::_fused_sdp_choice(alias_with_grad(query), alias_with_grad(key), alias_with_grad(value), cpu_mask,
+                               dropout_p, is_causal, scale, enable_gqa);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -28,6 +28,23 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
 bool is_initialized() noexcept;
 void mark_initialized() noexcept;
 
+// Intra-op threads. Backward of neuron tensors runs on autograd's neuron device
+// thread, whose OpenMP thread count was fixed when the thread started; CPU's
+// backward runs on the caller's thread. To keep neuron's numbers (reduction
+// order) and speed equal to CPU's, every op syncs its thread's count with the
+// one last set through torch.set_num_threads (one load and compare per op).
+void set_intraop_threads(int64_t count);
+void sync_intraop_threads_slow();
+extern std::atomic<int> g_intraop_threads_generation;
+inline void sync_intraop_threads() {
+  thread_local int seen = 0;
+  const int generation = g_intraop_threads_generation.load(std::memory_order_relaxed);
+  if (C10_UNLIKELY(generation != seen)) {
+    seen = generation;
+    sync_intraop_threads_slow();
+  }
+}
+
 // Sets the current device for a scope (cheaper than c10::DeviceGuard; no virtual calls).
 class DeviceScope {
  public:

@@ -39,7 +39,8 @@ TORCH_LIBRARY(neuron, m) {
   });
   // [allocated, peak, allocated_total, freed_total, num_allocs, num_frees] in bytes/counts.
   m.def("_memory_stats(int index) -> int[]", &memory_stats_of);
-  m.def("_route_structured_ops_to_fallback() -> int", []() { return route_structured_ops_to_fallback(); });
+  m.def("_set_intraop_threads(int count) -> ()", [](int64_t n) { set_intraop_threads(n); });
+  m.def("_route_generic_kernel_ops_to_fallback() -> int", []() { return route_generic_kernel_ops_to_fallback(); });
   m.def("_reset_peak_memory_stats(int index) -> ()", &reset_peak_memory_stats);
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -48,6 +49,22 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
   if (index < 0) return t_current_device;
   check_device_index(index);
   return index;
+}
+
+std::atomic<int> g_intraop_threads_generation{0};
+namespace {
+std::atomic<int> g_intraop_threads{0};
+}  // namespace
+
+void set_intraop_threads(int64_t count) {
+  TORCH_CHECK(count > 0, "neuron: the number of threads must be positive, got ", count);
+  g_intraop_threads.store(static_cast<int>(count));
+  g_intraop_threads_generation.fetch_add(1);
+}
+
+void sync_intraop_threads_slow() {
+  const int wanted = g_intraop_threads.load();
+  if (wanted > 0 && at::get_num_threads() != wanted) at::set_num_threads(wanted);
 }
 
 bool is_initialized() noexcept {

@@ -20,7 +20,6 @@ passing fails the run (``unittest.expectedFailure``), so the lists cannot go sta
 that compares nothing (no sample ran, or every sample raised on CPU) fails.
 
 Generated tests: ``TestOpInfoPRIVATEUSE1::test_{forward,backward}_<op>_neuron_float32``.
-Full sweep (every sample of every op, ~15 min here): ``NEURON_OPINFO_MAX_SAMPLES=0``.
 """
 import contextlib
 import copy
@@ -32,12 +31,11 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.testing._internal.opinfo.core import DecorateInfo
-from torch.utils._pytree import tree_flatten
 
-# Speed: op_db has ~18,800 float32 forward samples (max_pool2d alone has 1,440), ~15 min on this
-# 2-core machine. We run the first MAX_SAMPLES samples of each op (op_db lists the basic cases
-# first; the long tails are the same kernels over more sizes/options). 0 = all samples.
-MAX_SAMPLES = int(os.environ.get("NEURON_OPINFO_MAX_SAMPLES", "10"))
+# Every sample of every op by default (~18,800 forward samples; max_pool2d alone has 1,440):
+# ~2.5 min on this 2-core machine. To cut it, NEURON_OPINFO_MAX_SAMPLES=N runs only the first N
+# samples of each op (op_db lists the basic cases first).
+MAX_SAMPLES = int(os.environ.get("NEURON_OPINFO_MAX_SAMPLES", "0"))
 
 _SPARSE = "sparse layouts are not supported on neuron (NotImplementedError 'not supported on neuron')"
 _JITERATOR = "Jiterator is CUDA-only: raises on CPU too, so there is nothing to compare"
@@ -51,8 +49,11 @@ EXPECTED_FAILURES: dict[tuple[str, str], str] = {
     ("jiterator_2inputs_2outputs", "forward"): _JITERATOR,
     ("jiterator_4inputs_with_extra_args", "forward"): _JITERATOR,
     ("to_sparse", "forward"): _SPARSE,
+    ("to_sparse", "backward"): _SPARSE,
     ("sparse.mm.reduce", "forward"): _SPARSE,
+    ("sparse.mm.reduce", "backward"): _SPARSE,
     ("sparse.sampled_addmm", "forward"): _SPARSE,
+    ("sparse.sampled_addmm", "backward"): _SPARSE,
 }
 
 # Key as above. Only for what truly cannot run (crash, hang, far too slow). Applied as skip.
@@ -83,11 +84,18 @@ SEED = 1234
 N = "neuron"
 
 
+_generators = []
+
+
 def _seed():
-    """Same seed for CPU and every neuron generator (torch.manual_seed does both, but records a
-    Python stack per lazy CUDA/XPU/MTIA seeding call: ~4 ms a call, a third of the run time)."""
-    torch.default_generator.manual_seed(SEED)
-    torch.neuron.manual_seed_all(SEED)
+    """Same seed for CPU and every neuron generator. (torch.manual_seed does both, but records a
+    Python stack per lazy CUDA/XPU/MTIA seeding call: ~4 ms a call, a third of the run time.)
+    The generators are looked up on first use: touching them at import would initialize neuron
+    during collection, under the feet of tests that check lazy initialization."""
+    if not _generators:
+        _generators.extend([torch.default_generator, *torch.neuron.default_generators])
+    for g in _generators:
+        g.manual_seed(SEED)
 
 
 @contextlib.contextmanager
@@ -176,10 +184,26 @@ def _cpu_sample(sample):
     return conv(sample.input), conv(sample.args), conv(sample.kwargs)
 
 
+def _flatten(tree):
+    """(leaves, structure) of nested lists/tuples/dicts; torch.Size is a leaf. A lean stand-in for
+    torch.utils._pytree.tree_flatten, which was a tenth of the run time."""
+    leaves = []
+
+    def walk(x):
+        if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
+            return (type(x).__name__, tuple(walk(v) for v in x))
+        if isinstance(x, dict):
+            return ("dict", tuple((k, walk(v)) for k, v in x.items()))
+        leaves.append(x)
+        return None
+
+    return leaves, walk(tree)
+
+
 def _expected_device(sample):
     """Where the op's outputs belong: an explicit device argument wins; else neuron if any input
     tensor is on neuron; else (e.g. `arange(5)`) the default device, cpu."""
-    leaves = tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+    leaves = _flatten((sample.input, sample.args, sample.kwargs))[0]
     for leaf in leaves:
         if _device_type(leaf) is not None and not isinstance(leaf, torch.Tensor):
             return _device_type(leaf)
@@ -187,7 +211,7 @@ def _expected_device(sample):
 
 
 def _tensors(tree, requiring_grad=False):
-    return [t for t in tree_flatten(tree)[0]
+    return [t for t in _flatten(tree)[0]
             if isinstance(t, torch.Tensor) and (t.requires_grad or not requiring_grad)]
 
 
@@ -199,7 +223,8 @@ def _aliasing(outputs, inputs):
     in_ptrs = [ptr(t) for t in inputs]
     return [
         next((j for j, q in enumerate(in_ptrs) if q is not None and q == ptr(o)), -1)
-        if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() else -1
+        if isinstance(o, torch.Tensor) and o.layout == torch.strided and o.untyped_storage().nbytes()
+        else -1
         for o in outputs
     ]
 
@@ -210,8 +235,11 @@ def _run(op, sample, inp, args, kwargs):
 
 
 def _samples(op, device, requires_grad):
-    _seed()  # set_seed=False below: it calls torch.manual_seed per sample (slow, see _seed)
-    samples = op.sample_inputs(device, torch.float32, requires_grad=requires_grad, set_seed=False)
+    # What op.sample_inputs(device, dtype, requires_grad) yields, minus its TrackedInputIter
+    # wrapper: that one calls torch.manual_seed before each sample and inspect.stack() per
+    # iterator (slow, see _seed). We seed once; samples are then reproducible all the same.
+    _seed()
+    samples = op.sample_inputs_func(op, device, torch.float32, requires_grad)
     for i, sample in enumerate(samples):
         if MAX_SAMPLES and i >= MAX_SAMPLES:
             return
@@ -226,8 +254,8 @@ class TestOpInfo(TestCase):
     def _check(self, op, test, neuron, cpu, what, devices, metadata_only=False):
         """`neuron` (a pytree) matches `cpu`; tensor i of `neuron` is on devices[i] (or on the
         device `devices` names, if a str)."""
-        n_leaves, n_spec = tree_flatten(neuron)
-        c_leaves, c_spec = tree_flatten(cpu)
+        n_leaves, n_spec = _flatten(neuron)
+        c_leaves, c_spec = _flatten(cpu)
         if n_spec != c_spec:
             self.fail(f"{what}: structure differs:\n{n_spec}\nvs cpu\n{c_spec}")
         rtol, atol = TOLERANCES.get((op.full_name, test), (0.0, 0.0))
@@ -290,8 +318,8 @@ class TestOpInfo(TestCase):
             self._check(op, "forward", n_out, c_out, f"{what} output", _expected_device(sample), metadata_only)
             c_in = _tensors((cinp, cargs, ckwargs))
             self._check(op, "forward", n_in, c_in, f"{what} input after the call", in_devices, metadata_only)
-            n_alias = _aliasing(tree_flatten(n_out)[0], n_in)
-            c_alias = _aliasing(tree_flatten(c_out)[0], c_in)
+            n_alias = _aliasing(_flatten(n_out)[0], n_in)
+            c_alias = _aliasing(_flatten(c_out)[0], c_in)
             if n_alias != c_alias:
                 self.fail(f"{what}: outputs alias inputs {n_alias}, on CPU {c_alias} (-1: no input)")
             compared += 1

@@ -56,3 +56,29 @@ def test_module_methods_and_grad_mode():
     assert not y.requires_grad
     model.cpu()
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_backward_on_neuron_uses_the_current_intraop_thread_count():
+    # Neuron backward runs on autograd's neuron device thread; CPU backward on the caller's.
+    # After torch.set_num_threads, both must run with the new count (else results and speed differ).
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad * 1  # a neuron op on this thread
+            seen.append(torch.get_num_threads())
+            return grad
+
+    before = torch.get_num_threads()
+    try:
+        for count in (2, 1, 2):
+            torch.set_num_threads(count)
+            Probe.apply(torch.ones(4, device=N, requires_grad=True)).sum().backward()
+        assert seen == [2, 1, 2]
+    finally:
+        torch.set_num_threads(before)

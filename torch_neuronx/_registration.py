@@ -68,11 +68,12 @@ def register(on_conflict: str = "raise") -> bool:
         _warn_once(message)
         return False
 
-    from torch_neuronx import _library, topology
+    from torch_neuronx import _library, threads, topology
 
     _library.load()
     torch.ops.neuron._set_device_count(topology.visible_core_count())
-    torch.ops.neuron._route_structured_ops_to_fallback()
+    torch.ops.neuron._route_generic_kernel_ops_to_fallback()
+    threads.install()
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
 
