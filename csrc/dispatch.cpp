@@ -120,13 +120,11 @@ at::Tensor CallContext::to_neuron(const at::Tensor& r) {
 }
 
 at::Tensor CallContext::retag_fresh_result(const at::Tensor& r) {
-  // Nothing else holds this result or its storage: it becomes the neuron tensor
-  // itself (memory adopted in place, backend keys switched), with no new objects.
+  // Nothing else holds this result or its storage (so it is no alias storage,
+  // which storages_ holds too): it becomes the neuron tensor itself, memory
+  // adopted in place and backend keys switched, with no new objects.
   auto* impl = r.unsafeGetTensorImpl();
   auto* storage = impl->storage().unsafeGetStorageImpl();
-  for (const auto& p : storages_) {
-    if (p.alias.unsafeGetStorageImpl() == storage) return make_neuron_tensor(neuron_storage_for(r.storage()), r);
-  }
   const auto index = output_device();
   const size_t nbytes = storage->nbytes();
   c10::DataPtr cpu_data = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
