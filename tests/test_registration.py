@@ -1,16 +1,7 @@
 """Autoload: `import torch` registers neuron; TORCH_DEVICE_BACKEND_AUTOLOAD=0 leaves it to
 `import torch_neuronx`; a PrivateUse1 already taken is left alone with one warning."""
-import os
-import subprocess
-import sys
-import textwrap
 
-
-def run(code, **env):
-    environment = {**os.environ, **env}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environment,
-                            capture_output=True, text=True, timeout=120)
-    return result
+from isolated import run
 
 
 def test_import_torch_registers_neuron():

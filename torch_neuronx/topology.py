@@ -1,11 +1,245 @@
-"""The emulated Trainium instance: how many logical NeuronCores (devices) are visible.
+"""The emulated Trainium instance: chips, NeuronCores, HBM, and which cores are visible.
 
-Default: trn2.3xlarge, one Trainium2 chip with 8 physical NeuronCores grouped two
-per logical core (NEURON_LOGICAL_NC_CONFIG=2), so 4 ``neuron`` devices.
+Chosen by environment variables, read when torch_neuronx registers the device:
+
+- ``TORCH_NEURONX_INSTANCE_TYPE`` (ours): the instance profile, default ``trn2.3xlarge``.
+- ``NEURON_LOGICAL_NC_CONFIG`` (AWS runtime): physical NeuronCores per logical core,
+  1 or 2 on Trn2/Trn3 (default 2); Trn1 has only 1.
+- ``NEURON_RT_VISIBLE_CORES`` (AWS runtime): logical core ids this process sees,
+  e.g. ``0-3``, ``2``, ``0,2``. ``neuron:0`` is the first of them.
+- ``NEURON_RT_NUM_CORES`` (AWS runtime): how many cores this process takes (the first N).
+- ``TORCH_NEURONX_DEVICE_MEMORY`` (ours): the emulated capacity of each logical core,
+  e.g. ``2GiB``, ``512MB``, ``1073741824``; default: its HBM share minus the runtime's
+  reservation. Host RAM stays the real limit.
+
+Bad values raise :class:`TopologyError` naming the variable, its value and what is valid.
+This module imports nothing from torch, so tools (``neuron-ls``) can use it cheaply.
 """
+from __future__ import annotations
 
-TRN2_3XLARGE_LOGICAL_CORES = 4
+import os
+import re
+from dataclasses import dataclass
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+INSTANCE_TYPE_ENV = "TORCH_NEURONX_INSTANCE_TYPE"
+DEVICE_MEMORY_ENV = "TORCH_NEURONX_DEVICE_MEMORY"
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+NUM_CORES_ENV = "NEURON_RT_NUM_CORES"
+DEFAULT_INSTANCE_TYPE = "trn2.3xlarge"
+
+# The runtime keeps 96 MB of microcode/state per physical NeuronCore out of reach of tensors.
+RUNTIME_RESERVED_PER_PHYSICAL_CORE = 96 * MiB
+# c10::DeviceIndex is int8: a process can index at most 127 devices of one type.
+MAX_TORCH_DEVICES = 127
+
+
+class TopologyError(ValueError):
+    """An environment variable describes a topology the emulated instance cannot have."""
+
+
+@dataclass(frozen=True)
+class InstanceProfile:
+    name: str
+    chip: str  # "Trainium2"
+    core_arch: str  # "NeuronCore-v3"
+    capability: tuple[int, int]  # (major, minor) of the NeuronCore architecture
+    chips: int
+    physical_cores_per_chip: int
+    hbm_bytes_per_chip: int
+    lnc_values: tuple[int, ...]  # valid NEURON_LOGICAL_NC_CONFIG values; the first is the default
+    torus: tuple[int, int] | None = None  # chips wired as a 2D torus (rows, cols), if several
+
+    def logical_cores(self, lnc: int) -> int:
+        return self.chips * self.physical_cores_per_chip // lnc
+
+
+PROFILES: dict[str, InstanceProfile] = {
+    p.name: p
+    for p in (
+        InstanceProfile("trn2.3xlarge", "Trainium2", "NeuronCore-v3", (3, 0), 1, 8, 96 * GiB, (2, 1)),
+        InstanceProfile("trn2.48xlarge", "Trainium2", "NeuronCore-v3", (3, 0), 16, 8, 96 * GiB, (2, 1), (4, 4)),
+        InstanceProfile("trn3", "Trainium3", "NeuronCore-v4", (4, 0), 1, 8, 144 * GiB, (2, 1)),
+        InstanceProfile("trn1.2xlarge", "Trainium", "NeuronCore-v2", (2, 0), 1, 2, 32 * GiB, (1,)),
+        InstanceProfile("trn1.32xlarge", "Trainium", "NeuronCore-v2", (2, 0), 16, 2, 32 * GiB, (1,), (4, 4)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One process's view of the emulated instance."""
+
+    profile: InstanceProfile
+    lnc: int
+    visible_cores: tuple[int, ...]  # logical core ids; neuron:i is visible_cores[i]
+    device_memory: int  # emulated capacity of each logical core, in bytes
+    memory_overridden: bool = False
+
+    @property
+    def logical_cores(self) -> int:
+        return self.profile.logical_cores(self.lnc)
+
+    @property
+    def logical_cores_per_chip(self) -> int:
+        return self.profile.physical_cores_per_chip // self.lnc
+
+    def chip_of(self, core_id: int) -> int:
+        return core_id // self.logical_cores_per_chip
+
+    def connected_chips(self, chip: int) -> list[int]:
+        """The chips wired to ``chip`` (a 2D torus on multi-chip instances)."""
+        if self.profile.torus is None:
+            return []
+        rows, cols = self.profile.torus
+        r, c = divmod(chip, cols)
+        neighbours = {((r - 1) % rows) * cols + c, ((r + 1) % rows) * cols + c,
+                      r * cols + (c - 1) % cols, r * cols + (c + 1) % cols}
+        neighbours.discard(chip)
+        return sorted(neighbours)
+
+    def describe(self) -> str:
+        return f"an emulated {self.profile.name} (LNC={self.lnc})"
+
+
+def default_device_memory(profile: InstanceProfile, lnc: int) -> int:
+    """A logical core's share of its chip's HBM, minus the runtime's reservation."""
+    share = profile.hbm_bytes_per_chip * lnc // profile.physical_cores_per_chip
+    return share - lnc * RUNTIME_RESERVED_PER_PHYSICAL_CORE
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+               "mib": MiB, "g": 1000**3, "gb": 1000**3, "gib": GiB, "t": 1000**4, "tb": 1000**4,
+               "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, '1024' -> 1024. Raises ValueError."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(text)
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def parse_core_list(text: str) -> list[int]:
+    """'0-3' -> [0, 1, 2, 3]; '0,2' -> [0, 2]; '2' -> [2]. Raises ValueError."""
+    cores: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
+        if not match:
+            raise ValueError(part)
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first:
+            raise ValueError(part)
+        cores.extend(range(first, last + 1))
+    return cores
+
+
+def _invalid(variable: str, value: str, valid: str) -> TopologyError:
+    return TopologyError(f"{variable}={value!r} is invalid: {valid}.")
+
+
+def from_env(environ=None, max_devices: int | None = MAX_TORCH_DEVICES) -> Topology:
+    """The topology the environment asks for. Raises TopologyError for bad values, and when
+    more than ``max_devices`` cores would be visible (None: no limit, for tools)."""
+    env = os.environ if environ is None else environ
+
+    name = env.get(INSTANCE_TYPE_ENV, "").strip() or DEFAULT_INSTANCE_TYPE
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise _invalid(INSTANCE_TYPE_ENV, name, "the emulated instance types are " + ", ".join(PROFILES))
+
+    lnc_text = env.get(LNC_ENV, "").strip()
+    lnc = profile.lnc_values[0]
+    if lnc_text:
+        valid = " or ".join(str(v) for v in profile.lnc_values)
+        if not lnc_text.isdigit() or int(lnc_text) not in profile.lnc_values:
+            raise _invalid(LNC_ENV, lnc_text, f"valid values on {profile.name} are {valid}")
+        lnc = int(lnc_text)
+
+    total = profile.logical_cores(lnc)
+    core_range = f"logical core ids on {profile.name} with LNC={lnc} are 0 to {total - 1}"
+    visible = list(range(total))
+    visible_text = env.get(VISIBLE_CORES_ENV, "").strip()
+    if visible_text:
+        try:
+            visible = parse_core_list(visible_text)
+        except ValueError:
+            raise _invalid(VISIBLE_CORES_ENV, visible_text,
+                           f"expected a core id, a range or a comma-separated list such as '0-3', '2' or "
+                           f"'0,2'; {core_range}") from None
+        if any(core >= total for core in visible):
+            raise _invalid(VISIBLE_CORES_ENV, visible_text, core_range)
+        if len(set(visible)) != len(visible):
+            raise _invalid(VISIBLE_CORES_ENV, visible_text, "a core is listed twice")
+        visible = sorted(visible)
+
+    num_text = env.get(NUM_CORES_ENV, "").strip()
+    if num_text:
+        available = len(visible)
+        if not num_text.isdigit() or not 1 <= int(num_text) <= available:
+            source = f"the {available} cores of {VISIBLE_CORES_ENV}={visible_text!r}" if visible_text \
+                else f"the {available} logical cores of {profile.name} with LNC={lnc}"
+            raise _invalid(NUM_CORES_ENV, num_text, f"valid values are 1 to {available} ({source})")
+        if visible_text and int(num_text) != available:
+            raise _invalid(NUM_CORES_ENV, num_text,
+                           f"{VISIBLE_CORES_ENV}={visible_text!r} already selects {available} cores; "
+                           "set only one of the two, or make them agree")
+        visible = visible[: int(num_text)]
+
+    if max_devices is not None and len(visible) > max_devices:
+        raise TopologyError(
+            f"{profile.name} with LNC={lnc} has {len(visible)} logical cores, but torch can index at most "
+            f"{max_devices} devices of one type in a process. Set {VISIBLE_CORES_ENV} (e.g. '0-63') or "
+            f"{NUM_CORES_ENV} to use fewer per process, as distributed runs do (one core per rank), "
+            f"or use {LNC_ENV}=2.")
+
+    memory = default_device_memory(profile, lnc)
+    memory_text = env.get(DEVICE_MEMORY_ENV, "").strip()
+    if memory_text:
+        try:
+            memory = parse_size(memory_text)
+        except ValueError:
+            memory = 0
+        if memory <= 0:
+            raise _invalid(DEVICE_MEMORY_ENV, memory_text,
+                           "expected a positive size in bytes, optionally with a unit, such as '2GiB', "
+                           "'512MB' or '1073741824'")
+    return Topology(profile, lnc, tuple(visible), memory, bool(memory_text))
+
+
+_current: Topology | None = None
+_error: TopologyError | None = None
+
+
+def refresh(environ=None) -> Topology | None:
+    """Re-read the environment. Returns the topology, or None (see :func:`error`) if invalid."""
+    global _current, _error
+    try:
+        _current, _error = from_env(environ), None
+    except TopologyError as error:
+        _current, _error = None, error
+    return _current
+
+
+def error() -> TopologyError | None:
+    """Why the environment's topology is invalid, or None."""
+    return _error
+
+
+def current() -> Topology:
+    """This process's topology (read once). Raises TopologyError if the environment is invalid."""
+    if _current is None and _error is None:
+        refresh()
+    if _error is not None:
+        raise _error
+    assert _current is not None
+    return _current
 
 
 def visible_core_count() -> int:
-    return TRN2_3XLARGE_LOGICAL_CORES
+    return len(current().visible_cores)

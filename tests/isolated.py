@@ -1,0 +1,16 @@
+"""Run code in a fresh interpreter: what happens at `import torch` depends on the environment."""
+import os
+import subprocess
+import sys
+import textwrap
+
+# Variables that choose the emulated instance: tests start from none of them set.
+TOPOLOGY_VARIABLES = ("TORCH_NEURONX_INSTANCE_TYPE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
+                      "NEURON_RT_NUM_CORES", "TORCH_NEURONX_DEVICE_MEMORY")
+
+
+def run(code: str, argv=(), **env) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k not in TOPOLOGY_VARIABLES}
+    environment.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], env=environment,
+                          capture_output=True, text=True, timeout=300)

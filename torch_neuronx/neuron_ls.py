@@ -1,0 +1,134 @@
+"""neuron-ls: the emulated Trainium instance, laid out like AWS's ``neuron-ls``.
+
+One row per Trainium chip (a "neuron device"): its logical NeuronCores, HBM, the chips
+it is wired to, and which of its cores this process sees (``NEURON_RT_VISIBLE_CORES`` /
+``NEURON_RT_NUM_CORES``). Everything comes from :mod:`torch_neuronx.topology`; unlike the
+real tool there are no PCI devices (the BDF addresses are made up), no driver or
+firmware, and no processes using the cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from torch_neuronx import topology
+
+PROG = "neuron-ls"
+
+
+def load(environ=None) -> topology.Topology:
+    """The topology of the environment, without torch's limit of 127 devices per process:
+    neuron-ls lists the whole instance (trn2.48xlarge with LNC=1 has 128 logical cores)."""
+    return topology.from_env(environ, max_devices=None)
+
+
+def bdf(chip: int) -> str:
+    """A made-up, stable PCI address for a chip."""
+    return f"0000:{0x10 + chip:02x}:1e.0"
+
+
+def id_ranges(ids) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6'; [] -> '-'."""
+    parts: list[str] = []
+    ids = sorted(ids)
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            first, last = ids[start], ids[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts) or "-"
+
+
+def chips(topo: topology.Topology) -> list[dict]:
+    """One dict per chip, in the layout of ``neuron-ls --json-output``."""
+    per_chip = topo.logical_cores_per_chip
+    visible = set(topo.visible_cores)
+    result = []
+    for chip in range(topo.profile.chips):
+        cores = list(range(chip * per_chip, (chip + 1) * per_chip))
+        result.append({
+            "neuron_device": chip,
+            "bdf": bdf(chip),
+            "connected_to": topo.connected_chips(chip),
+            "nc_count": per_chip,
+            "logical_neuroncore_config": topo.lnc,
+            "physical_nc_count": topo.profile.physical_cores_per_chip,
+            "memory_size": topo.profile.hbm_bytes_per_chip,
+            "neuroncore_ids": cores,
+            "visible_neuroncore_ids": [core for core in cores if core in visible],
+            "memory_per_neuroncore": topo.device_memory,
+            "instance_type": topo.profile.name,
+            "neuron_processes": [],
+        })
+    return result
+
+
+def table(header: list[tuple[str, str]], rows: list[list[str]]) -> str:
+    widths = [max(len(h[0]), len(h[1]), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells, centre=False):
+        return "| " + " | ".join(c.center(w) if centre else c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([rule, line([h[0] for h in header], True), line([h[1] for h in header], True), rule,
+                      *(line(r) for r in rows), rule])
+
+
+def text(topo: topology.Topology, show_topology: bool) -> str:
+    profile = topo.profile
+    out = [f"instance-type: {profile.name} (emulated on the host by torch-neuronx-cpu)",
+           f"logical-neuroncore-config: {topo.lnc}"]
+    header = [("NEURON", "DEVICE"), ("NEURON", "CORES"), ("NEURON", "CORE IDS"), ("NEURON", "MEMORY"),
+              ("CONNECTED", "DEVICES"), ("VISIBLE", "CORE IDS")]
+    rows = [[str(c["neuron_device"]), str(c["nc_count"]), id_ranges(c["neuroncore_ids"]),
+             f"{c['memory_size'] // topology.GiB} GB", ", ".join(map(str, c["connected_to"])) or "-",
+             id_ranges(c["visible_neuroncore_ids"])] for c in chips(topo)]
+    out.append(table(header, rows))
+    memory = f"memory per logical core: {topo.device_memory / topology.GiB:.2f} GiB"
+    if topo.memory_overridden:
+        out.append(f"{memory} (set by {topology.DEVICE_MEMORY_ENV})")
+    else:
+        reserved = topology.RUNTIME_RESERVED_PER_PHYSICAL_CORE // topology.MiB
+        out.append(f"{memory} (HBM share minus the runtime's {reserved} MiB per physical core)")
+    if len(topo.visible_cores) > topology.MAX_TORCH_DEVICES:
+        out.append(f"note: torch can index at most {topology.MAX_TORCH_DEVICES} neuron devices in a process; "
+                   f"set {topology.VISIBLE_CORES_ENV} or {topology.NUM_CORES_ENV} to use fewer")
+    if show_topology:
+        out.append("")
+        if profile.torus is None:
+            out.append(f"{profile.name} has one {profile.chip} chip: no chip-to-chip connections.")
+        else:
+            r, c = profile.torus
+            out.append(f"{profile.name}: {profile.chips} {profile.chip} chips wired as a {r}x{c} 2D torus")
+            width = len(str(profile.chips - 1))
+            for chip in range(profile.chips):
+                neighbours = ", ".join(map(str, topo.connected_chips(chip)))
+                out.append(f"  neuron device {chip:>{width}} <-> {neighbours}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Show the emulated Trainium instance (chips, NeuronCores, memory) "
+                               "that torch-neuronx-cpu presents as the 'neuron' device.")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-j", "--json-output", action="store_true", help="print the chips as JSON")
+    group.add_argument("-t", "--topology", action="store_true",
+                       help="also print how the chips are connected")
+    args = parser.parse_args(argv)
+    try:
+        topo = load()
+    except topology.TopologyError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    if args.json_output:
+        print(json.dumps(chips(topo), indent=4))
+    else:
+        print(text(topo, args.topology))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
