@@ -8,11 +8,33 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <sstream>
 #include <mutex>
+#include <pthread.h>
 #include <unordered_set>
 
 namespace neuron {
 namespace {
+
+[[noreturn]] void raise_out_of_memory(c10::DeviceIndex index, int64_t nbytes, const char* host_error);
+
+// A child forked after the runtime initialized must not allocate: the real
+// runtime cannot be re-initialized there. torch calls torch.neuron._lazy_init
+// only once per process image, so the check lives here, where memory is counted.
+std::atomic<bool> g_in_bad_fork{false};
+void on_fork_child() {
+  if (is_initialized()) g_in_bad_fork.store(true);
+}
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, &on_fork_child);
+
+void check_usable(c10::DeviceIndex index) {
+  TORCH_CHECK(!g_in_bad_fork.load(std::memory_order_relaxed),
+              "Cannot re-initialize the neuron runtime in a forked subprocess. To use neuron with "
+              "multiprocessing, you must use the 'spawn' start method (multiprocessing.set_start_method('spawn'), "
+              "or torch.multiprocessing.spawn).");
+  if (C10_UNLIKELY(device_count() == 0)) check_device_index(index);  // raises why no device is visible
+}
 
 DeviceMemoryStats g_stats[kMaxDevices];
 
@@ -33,12 +55,19 @@ class NeuronAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     const auto index = current_device();
+    // Counted first: an allocation beyond the emulated capacity never touches host memory.
+    record_alloc(index, static_cast<int64_t>(nbytes));
     mark_initialized();
-    void* base = c10::alloc_cpu(nbytes + kHeaderBytes);
+    void* base = nullptr;
+    try {
+      base = c10::alloc_cpu(nbytes + kHeaderBytes);
+    } catch (const c10::Error& error) {
+      record_free(index, static_cast<int64_t>(nbytes));
+      raise_out_of_memory(index, static_cast<int64_t>(nbytes), error.what_without_backtrace());
+    }
     auto* header = static_cast<BlockHeader*>(base);
     header->nbytes = nbytes;
     header->device = index;
-    record_alloc(index, static_cast<int64_t>(nbytes));
     return {static_cast<char*>(base) + kHeaderBytes, header, &free_block,
             c10::Device(kNeuron, index)};
   }
@@ -101,38 +130,148 @@ DeviceMemoryStats& memory_stats(c10::DeviceIndex index) {
   return g_stats[std::clamp<int>(index, 0, kMaxDevices - 1)];
 }
 
-void record_alloc(c10::DeviceIndex index, int64_t nbytes) {
-  auto& s = memory_stats(index);
-  const int64_t now = s.allocated_bytes.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
-  int64_t peak = s.peak_allocated_bytes.load(std::memory_order_relaxed);
-  while (now > peak &&
-         !s.peak_allocated_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+namespace {
+
+std::mutex g_description_mutex;
+std::string g_instance_description = "an emulated Trainium";
+
+void raise_max(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
   }
-  s.allocated_bytes_total.fetch_add(nbytes, std::memory_order_relaxed);
-  s.num_allocs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void add(Stat& stat, int64_t amount) {
+  raise_max(stat.peak, stat.current.fetch_add(amount, std::memory_order_relaxed) + amount);
+  stat.allocated.fetch_add(amount, std::memory_order_relaxed);
+}
+
+void subtract(Stat& stat, int64_t amount) {
+  stat.current.fetch_sub(amount, std::memory_order_relaxed);
+  stat.freed.fetch_add(amount, std::memory_order_relaxed);
+}
+
+StatPool pool_of(int64_t nbytes) { return nbytes < kSmallBlockLimit ? kSmallPool : kLargePool; }
+
+// "20.00 MiB", as CUDA's out-of-memory message prints sizes.
+std::string format_size(int64_t nbytes) {
+  char text[64];
+  if (nbytes < 1024) {
+    std::snprintf(text, sizeof(text), "%lld bytes", static_cast<long long>(nbytes));
+  } else {
+    const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+    double value = static_cast<double>(nbytes) / 1024.0;
+    int unit = 0;
+    while (value >= 1024.0 && unit < 3) {
+      value /= 1024.0;
+      ++unit;
+    }
+    std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
+  }
+  return text;
+}
+
+[[noreturn]] void raise_out_of_memory(c10::DeviceIndex index, int64_t nbytes, const char* host_error) {
+  auto& s = memory_stats(index);
+  s.num_ooms.fetch_add(1, std::memory_order_relaxed);
+  const int64_t capacity = s.capacity.load();
+  const int64_t limit = s.limit.load();
+  const int64_t allocated = s.bytes[kAllPool].current.load();
+  std::string description;
+  {
+    std::lock_guard<std::mutex> lock(g_description_mutex);
+    description = g_instance_description;
+  }
+  std::ostringstream message;
+  message << "Neuron out of memory. Tried to allocate " << format_size(nbytes) << ". neuron:"
+          << static_cast<int>(index) << " (logical NeuronCore " << s.core_id << " of " << description
+          << ") has a total capacity of " << format_size(capacity) << " of which "
+          << format_size(std::max<int64_t>(capacity - allocated, 0)) << " is free. ";
+  if (limit < capacity) {
+    message << "This process may use " << format_size(limit)
+            << " of it (torch.neuron.set_per_process_memory_fraction). ";
+  }
+  message << "Of the allocated memory " << format_size(allocated) << " is allocated by PyTorch. ";
+  if (host_error != nullptr) {
+    message << "The host itself ran out of memory first (" << host_error
+            << "): the emulated device lives in host RAM, so free host memory or use smaller tensors.";
+  } else {
+    message << "Free tensors you no longer need, use a smaller batch or bfloat16, or shard the model "
+               "over more NeuronCores (FSDP, tensor parallel). To emulate a device with more memory, "
+               "set TORCH_NEURONX_DEVICE_MEMORY (e.g. 64GiB) before starting.";
+  }
+  TORCH_CHECK_WITH(OutOfMemoryError, false, message.str());
+}
+
+}  // namespace
+
+void record_alloc(c10::DeviceIndex index, int64_t nbytes) {
+  check_usable(index);
+  if (nbytes == 0) return;  // as on CUDA, empty tensors own no device memory
+  auto& s = memory_stats(index);
+  auto& all = s.bytes[kAllPool];
+  const int64_t now = all.current.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  if (C10_UNLIKELY(now > s.limit.load(std::memory_order_relaxed))) {
+    all.current.fetch_sub(nbytes, std::memory_order_relaxed);
+    raise_out_of_memory(index, nbytes, nullptr);
+  }
+  raise_max(all.peak, now);
+  all.allocated.fetch_add(nbytes, std::memory_order_relaxed);
+  const auto pool = pool_of(nbytes);
+  add(s.bytes[pool], nbytes);
+  add(s.blocks[kAllPool], 1);
+  add(s.blocks[pool], 1);
 }
 
 void record_free(c10::DeviceIndex index, int64_t nbytes) {
+  if (nbytes == 0) return;
   auto& s = memory_stats(index);
-  s.allocated_bytes.fetch_sub(nbytes, std::memory_order_relaxed);
-  s.freed_bytes_total.fetch_add(nbytes, std::memory_order_relaxed);
-  s.num_frees.fetch_add(1, std::memory_order_relaxed);
+  const auto pool = pool_of(nbytes);
+  subtract(s.bytes[kAllPool], nbytes);
+  subtract(s.bytes[pool], nbytes);
+  subtract(s.blocks[kAllPool], 1);
+  subtract(s.blocks[pool], 1);
+}
+
+void reset_peak_stats(c10::DeviceIndex index) {
+  auto& s = memory_stats(index);
+  for (Stat* group : {s.bytes, s.blocks}) {
+    for (int pool = 0; pool < kNumPools; ++pool) {
+      group[pool].peak.store(group[pool].current.load());
+    }
+  }
+}
+
+void reset_accumulated_stats(c10::DeviceIndex index) {
+  auto& s = memory_stats(index);
+  for (Stat* group : {s.bytes, s.blocks}) {
+    for (int pool = 0; pool < kNumPools; ++pool) {
+      group[pool].allocated.store(0);
+      group[pool].freed.store(0);
+    }
+  }
+  s.num_ooms.store(0);
+}
+
+void set_instance_description(std::string description) {
+  std::lock_guard<std::mutex> lock(g_description_mutex);
+  g_instance_description = std::move(description);
 }
 
 c10::Allocator* neuron_allocator() { return &g_allocator; }
 
 c10::DataPtr adopt_data_ptr(c10::DataPtr cpu_data, size_t nbytes, c10::DeviceIndex index) {
   void* data = cpu_data.get();
+  record_alloc(index, static_cast<int64_t>(nbytes));  // may raise; cpu_data then frees the memory
   auto* block = new AdoptedBlock{std::move(cpu_data), c10::Storage(), nbytes, index};
-  record_alloc(index, static_cast<int64_t>(nbytes));
   return {data, block, &free_adopted, c10::Device(kNeuron, index)};
 }
 
 c10::DataPtr adopt_storage(const c10::Storage& cpu_storage, c10::DeviceIndex index) {
   void* data = const_cast<void*>(cpu_storage.data());
   const size_t nbytes = cpu_storage.nbytes();
-  auto* block = new AdoptedBlock{c10::DataPtr(), cpu_storage, nbytes, index};
   record_alloc(index, static_cast<int64_t>(nbytes));
+  auto* block = new AdoptedBlock{c10::DataPtr(), cpu_storage, nbytes, index};
   return {data, block, &free_adopted, c10::Device(kNeuron, index)};
 }
 

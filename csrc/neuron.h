@@ -7,9 +7,12 @@
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 namespace neuron {
 
@@ -21,6 +24,9 @@ c10::DeviceIndex device_count() noexcept;
 void set_device_count(int64_t count);
 c10::DeviceIndex current_device() noexcept;
 void set_current_device(c10::DeviceIndex index);
+// With no device visible because the environment is invalid, every use of
+// neuron raises this message (set by Python's topology).
+void set_config_error(std::string message);
 // Throws a RuntimeError naming the valid range unless 0 <= index < count.
 void check_device_index(int64_t index);
 // -1 (or no index) means the current device.
@@ -63,19 +69,38 @@ class DeviceScope {
 };
 
 // ---- memory.cpp: host allocator with per-device accounting ------------------
+// torch indexes at most 127 devices of a type (c10::DeviceIndex is int8).
 constexpr int kMaxDevices = 128;
 
+// Statistics are kept per pool, as torch.cuda.memory_stats does: blocks under
+// 1 MiB count in the small pool, the rest in the large one.
+enum StatPool { kAllPool = 0, kSmallPool = 1, kLargePool = 2, kNumPools = 3 };
+constexpr int64_t kSmallBlockLimit = 1 << 20;
+
+struct Stat {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> allocated{0};  // ever allocated (reset by reset_accumulated)
+  std::atomic<int64_t> freed{0};
+};
+
 struct DeviceMemoryStats {
-  std::atomic<int64_t> allocated_bytes{0};
-  std::atomic<int64_t> peak_allocated_bytes{0};
-  std::atomic<int64_t> allocated_bytes_total{0};  // ever allocated
-  std::atomic<int64_t> freed_bytes_total{0};
-  std::atomic<int64_t> num_allocs{0};
-  std::atomic<int64_t> num_frees{0};
+  Stat bytes[kNumPools];
+  Stat blocks[kNumPools];
+  std::atomic<int64_t> num_ooms{0};
+  std::atomic<int64_t> capacity{INT64_MAX};  // the emulated device's memory
+  std::atomic<int64_t> limit{INT64_MAX};     // capacity x set_per_process_memory_fraction
+  int64_t core_id = 0;                       // the logical core this device is
 };
 DeviceMemoryStats& memory_stats(c10::DeviceIndex index);
+// Counts an allocation; raises torch.OutOfMemoryError (counting nothing) if the
+// device's limit would be exceeded.
 void record_alloc(c10::DeviceIndex index, int64_t nbytes);
 void record_free(c10::DeviceIndex index, int64_t nbytes);
+void reset_peak_stats(c10::DeviceIndex index);
+void reset_accumulated_stats(c10::DeviceIndex index);
+// Said in out-of-memory errors: which instance is emulated ("an emulated trn2.3xlarge (LNC=2)").
+void set_instance_description(std::string description);
 
 // The allocator for neuron storages: allocates on the current device.
 c10::Allocator* neuron_allocator();
@@ -86,6 +111,18 @@ c10::DataPtr adopt_data_ptr(c10::DataPtr cpu_data, size_t nbytes, c10::DeviceInd
 c10::DataPtr adopt_storage(const c10::Storage& cpu_storage, c10::DeviceIndex index);
 c10::Allocator* pinned_host_allocator();
 bool is_pinned_host_ptr(const void* ptr);
+
+// ---- streams.cpp: streams and events ---------------------------------------
+// Execution is host-synchronous: work is complete when an op returns. Streams
+// are ordering labels (current stream per thread and device); an event is a
+// host timestamp taken when it is recorded, so it is complete at once.
+c10::Stream current_stream(c10::DeviceIndex index);
+c10::Stream exchange_stream(c10::Stream stream);
+c10::Stream new_stream(c10::DeviceIndex index, int priority);
+c10::Stream stream_from_pool(c10::DeviceIndex index, bool high_priority);
+void record_event(void** event, const c10::Stream& stream, c10::DeviceIndex index, c10::EventFlag flag);
+void destroy_event(void* event) noexcept;
+double event_elapsed_ms(void* start, void* end);
 
 // ---- generator.cpp: one default generator per device -----------------------
 const at::Generator& default_generator(c10::DeviceIndex index);

@@ -7,17 +7,38 @@
 namespace neuron {
 namespace {
 
-std::vector<int64_t> memory_stats_of(int64_t index) {
+c10::DeviceIndex checked_index(int64_t index) {
   check_device_index(index);
-  auto& s = memory_stats(static_cast<c10::DeviceIndex>(index));
-  return {s.allocated_bytes.load(), s.peak_allocated_bytes.load(), s.allocated_bytes_total.load(),
-          s.freed_bytes_total.load(), s.num_allocs.load(), s.num_frees.load()};
+  return static_cast<c10::DeviceIndex>(index);
 }
 
-void reset_peak_memory_stats(int64_t index) {
-  check_device_index(index);
-  auto& s = memory_stats(static_cast<c10::DeviceIndex>(index));
-  s.peak_allocated_bytes.store(s.allocated_bytes.load());
+// Flat: for bytes then blocks, for pools all/small/large: current, peak,
+// allocated, freed (24 values); then num_ooms, capacity, limit.
+std::vector<int64_t> memory_stats_of(int64_t index) {
+  const auto& s = memory_stats(checked_index(index));
+  std::vector<int64_t> out;
+  out.reserve(2 * kNumPools * 4 + 3);
+  for (const Stat* group : {s.bytes, s.blocks}) {
+    for (int pool = 0; pool < kNumPools; ++pool) {
+      const Stat& stat = group[pool];
+      out.insert(out.end(), {stat.current.load(), stat.peak.load(), stat.allocated.load(), stat.freed.load()});
+    }
+  }
+  out.insert(out.end(), {s.num_ooms.load(), s.capacity.load(), s.limit.load()});
+  return out;
+}
+
+void set_device_memory(int64_t index, int64_t capacity, int64_t core_id) {
+  TORCH_CHECK(capacity > 0, "neuron: device memory must be positive, got ", capacity);
+  auto& s = memory_stats(checked_index(index));
+  s.capacity.store(capacity);
+  s.limit.store(capacity);
+  s.core_id = core_id;
+}
+
+void set_memory_limit(int64_t index, int64_t limit) {
+  TORCH_CHECK(limit >= 0, "neuron: the memory limit must not be negative, got ", limit);
+  memory_stats(checked_index(index)).limit.store(limit);
 }
 
 }  // namespace
@@ -37,11 +58,22 @@ TORCH_LIBRARY(neuron, m) {
     check_device_index(i);
     return default_generator(static_cast<c10::DeviceIndex>(i));
   });
-  // [allocated, peak, allocated_total, freed_total, num_allocs, num_frees] in bytes/counts.
   m.def("_memory_stats(int index) -> int[]", &memory_stats_of);
+  m.def("_set_device_memory(int index, int capacity, int core_id) -> ()", &set_device_memory);
+  m.def("_set_memory_limit(int index, int limit) -> ()", &set_memory_limit);
+  // torch.Event.elapsed_time rejects subclasses such as torch.neuron.Event: take the raw events.
+  m.def("_event_elapsed_ms(int start, int end) -> float", [](int64_t start, int64_t end) {
+    return event_elapsed_ms(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end));
+  });
+  m.def("_set_config_error(str message) -> ()", [](std::string m) { set_config_error(std::move(m)); });
+  m.def("_set_instance_description(str description) -> ()",
+        [](std::string d) { set_instance_description(std::move(d)); });
+  m.def("_reset_accumulated_memory_stats(int index) -> ()",
+        [](int64_t i) { reset_accumulated_stats(checked_index(i)); });
   m.def("_set_intraop_threads(int count) -> ()", [](int64_t n) { set_intraop_threads(n); });
   m.def("_route_generic_kernel_ops_to_fallback() -> int", []() { return route_generic_kernel_ops_to_fallback(); });
-  m.def("_reset_peak_memory_stats(int index) -> ()", &reset_peak_memory_stats);
+  m.def("_reset_peak_memory_stats(int index) -> ()", [](int64_t i) { reset_peak_stats(checked_index(i)); });
+  m.def("_route_c10d_ops_to_fallback() -> int", []() { return route_c10d_ops_to_fallback(); });
 }
 
 }  // namespace neuron

@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <mutex>
+#include <string>
 
 namespace neuron {
 namespace {
@@ -24,13 +26,27 @@ c10::DeviceIndex device_count() noexcept {
 
 void set_device_count(int64_t count) {
   // c10::DeviceIndex is int8_t: 127 devices is torch's own ceiling.
-  TORCH_CHECK(count >= 0 && count < kMaxDevices && count <= 127,
+  TORCH_CHECK(count >= 0 && count <= 127,
               "neuron: cannot expose ", count, " devices; torch supports at most 127 per device type");
   g_device_count.store(static_cast<int>(count));
 }
 
+namespace {
+std::mutex g_config_error_mutex;
+std::string g_config_error;  // why no device is visible (a bad environment variable)
+}  // namespace
+
+void set_config_error(std::string message) {
+  std::lock_guard<std::mutex> lock(g_config_error_mutex);
+  g_config_error = std::move(message);
+}
+
 void check_device_index(int64_t index) {
   const int64_t count = device_count();
+  if (C10_UNLIKELY(count == 0)) {
+    std::lock_guard<std::mutex> lock(g_config_error_mutex);
+    TORCH_CHECK(g_config_error.empty(), "neuron is unusable: ", g_config_error);
+  }
   TORCH_CHECK(index >= 0 && index < count, "Invalid device index neuron:", index, ": ", count,
               " neuron device(s) are visible, so valid indices are 0 to ", count - 1,
               ". Use a device in that range (or 'neuron' for the current device).");
@@ -77,8 +93,8 @@ void mark_initialized() noexcept {
 
 namespace {
 
-// Execution is host-synchronous: every op has finished when it returns, so
-// the default stream is always idle and every event is complete when recorded.
+// Streams and events are in streams.cpp; execution is host-synchronous, so
+// nothing ever waits.
 struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNeuron; }
 
@@ -92,30 +108,33 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0 && d.index() < device_count()) t_current_device = d.index();
   }
-  c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
-  }
+  c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kNeuron, resolve_device_index(d.index())));
   }
-  c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return stream_from_pool(d.index(), high_priority);
   }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return new_stream(d.index(), priority);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
-              const c10::EventFlag) const override {
-    if (*event == nullptr) *event = new int(0);
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex index,
+              const c10::EventFlag flag) const override {
+    record_event(event, stream, index, flag);
   }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    delete static_cast<int*>(event);
-  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { destroy_event(event); }
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeEvent(void*) const override {}
   void synchronizeDevice(const c10::DeviceIndex) const override {}
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    return event_elapsed_ms(start, end);
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);

@@ -33,3 +33,17 @@ else:
     _registration.register(on_conflict="raise")
 
 is_registered = _registration.is_registered
+
+# TorchNeuron's torch_neuronx.memory_* aliases of torch.neuron's memory API.
+from torch_neuronx.neuron.memory import (  # noqa: E402,F401
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)

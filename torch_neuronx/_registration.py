@@ -1,5 +1,6 @@
 """Makes ``neuron`` a device of torch: PrivateUse1 renamed, the core loaded,
 ``torch.neuron`` registered, tensor/module/storage methods generated."""
+import sys
 import warnings
 
 import torch
@@ -68,11 +69,12 @@ def register(on_conflict: str = "raise") -> bool:
         _warn_once(message)
         return False
 
-    from torch_neuronx import _library, threads, topology
+    from torch_neuronx import _library, threads
 
     _library.load()
-    torch.ops.neuron._set_device_count(topology.visible_core_count())
+    apply_topology()
     torch.ops.neuron._route_generic_kernel_ops_to_fallback()
+    torch.ops.neuron._route_c10d_ops_to_fallback()
     threads.install()
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
@@ -80,6 +82,9 @@ def register(on_conflict: str = "raise") -> bool:
     from torch_neuronx import neuron as neuron_module
 
     torch._register_device_module(BACKEND_NAME, neuron_module)
+    # `import torch.neuron.memory` must find the same module objects, not load copies.
+    for name in ("memory", "random", "streams", "properties"):
+        sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(neuron_module, name)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
@@ -88,3 +93,28 @@ def register(on_conflict: str = "raise") -> bool:
     neuron_module._install_fork_handler()
     _registered = True
     return True
+
+
+def apply_topology() -> None:
+    """(Re)read the emulated instance from the environment and size the devices to it.
+
+    A bad environment variable does not fail registration: no device is visible and
+    every use of neuron raises the message naming the variable (device_count() too).
+    Must run before the runtime initializes (the first neuron tensor).
+    """
+    from torch_neuronx import topology
+
+    if torch.ops.neuron._is_initialized():
+        raise RuntimeError(
+            "The neuron runtime is already initialized (a neuron tensor exists): the visible cores can no "
+            "longer change. Set NEURON_RT_VISIBLE_CORES and friends before the first use of neuron.")
+    topo = topology.refresh()
+    if topo is None:
+        torch.ops.neuron._set_device_count(0)
+        torch.ops.neuron._set_config_error(str(topology.error()))
+        return
+    torch.ops.neuron._set_config_error("")
+    torch.ops.neuron._set_device_count(len(topo.visible_cores))
+    torch.ops.neuron._set_instance_description(topo.describe())
+    for index, core in enumerate(topo.visible_cores):
+        torch.ops.neuron._set_device_memory(index, topo.device_memory, core)

@@ -1,12 +1,18 @@
 """Device selection: which logical NeuronCore ``neuron`` means right now."""
 import torch
 
+from torch_neuronx import topology
+
 _ops = torch.ops.neuron
 
 
 def device_count() -> int:
-    """Number of visible logical NeuronCores."""
-    return int(_ops._device_count())
+    """Number of visible logical NeuronCores. Raises topology.TopologyError, naming the
+    variable, when the environment (NEURON_RT_VISIBLE_CORES, ...) is invalid."""
+    count = int(_ops._device_count())
+    if count == 0 and topology.error() is not None:
+        raise topology.error()
+    return count
 
 
 def current_device() -> int:

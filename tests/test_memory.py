@@ -1,0 +1,135 @@
+"""Device memory: exact statistics, the emulated capacity, out-of-memory errors."""
+import gc
+
+import pytest
+import torch
+
+from isolated import run
+
+DEVICE = 3  # the last device of the default trn2.3xlarge: other tests leave nothing on it
+MiB = 1 << 20
+
+
+@pytest.fixture
+def quiet_device():
+    """No garbage collection mid-test, and a clean process limit on DEVICE afterwards."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield f"neuron:{DEVICE}"
+    finally:
+        gc.enable()
+        torch.neuron.set_per_process_memory_fraction(1.0, DEVICE)
+
+
+def stat(key):
+    return torch.neuron.memory_stats(DEVICE)[key]
+
+
+def test_allocations_and_frees_are_counted_exactly(quiet_device):
+    torch.neuron.reset_peak_memory_stats(DEVICE)
+    torch.neuron.reset_accumulated_memory_stats(DEVICE)
+    base = torch.neuron.memory_allocated(DEVICE)
+    small = torch.empty(1000, dtype=torch.float32, device=quiet_device)  # 4000 B: small pool
+    big = torch.empty(512, 1024, dtype=torch.float32, device=quiet_device)  # 2 MiB: large pool
+    assert torch.neuron.memory_allocated(DEVICE) - base == 4000 + 2 * MiB
+    assert torch.neuron.memory_reserved(DEVICE) == torch.neuron.memory_allocated(DEVICE)
+    assert stat("allocated_bytes.small_pool.allocated") == 4000
+    assert stat("allocated_bytes.large_pool.allocated") == 2 * MiB
+    assert stat("allocation.all.allocated") == 2
+    del big
+    assert torch.neuron.memory_allocated(DEVICE) - base == 4000
+    assert torch.neuron.max_memory_allocated(DEVICE) - base == 4000 + 2 * MiB
+    assert stat("allocated_bytes.large_pool.freed") == 2 * MiB and stat("allocation.all.freed") == 1
+    torch.neuron.reset_peak_memory_stats(DEVICE)
+    assert torch.neuron.max_memory_allocated(DEVICE) == torch.neuron.memory_allocated(DEVICE)
+    del small
+    assert torch.neuron.memory_allocated(DEVICE) == base
+    assert stat("num_device_alloc") == 2 and stat("num_device_free") == 2
+
+
+def test_results_of_cpu_kernels_and_views_are_counted(quiet_device):
+    x = torch.ones(256, 256, device=quiet_device)  # 256 KiB
+    base = torch.neuron.memory_allocated(DEVICE)
+    y = torch.special.erfcx(x)  # no fast path: the fallback adopts the CPU kernel's result
+    z = x + 1  # fast path
+    v = x[:10].t()  # views own nothing
+    assert torch.neuron.memory_allocated(DEVICE) - base == 2 * 256 * 256 * 4
+    x.resize_(512, 256)  # grows in place: 256 KiB more
+    assert torch.neuron.memory_allocated(DEVICE) - base == 3 * 256 * 256 * 4
+    del y, z, v, x
+    assert torch.neuron.memory_allocated(DEVICE) == base - 256 * 256 * 4
+
+
+def test_per_device_and_aliases(quiet_device):
+    before = [torch.neuron.memory_allocated(i) for i in range(4)]
+    x = torch.empty(1 << 18, dtype=torch.uint8, device=quiet_device)
+    after = [torch.neuron.memory_allocated(i) for i in range(4)]
+    assert [a - b for a, b in zip(after, before)] == [0, 0, 0, 1 << 18]
+    import torch_neuronx
+    assert torch_neuronx.memory_allocated(DEVICE) == torch.neuron.memory.memory_allocated(DEVICE) == after[3]
+    assert torch_neuronx.memory_stats is torch.neuron.memory_stats
+    import torch.neuron.memory as memory_module  # the submodule, not a copy
+    assert memory_module is torch.neuron.memory
+    del x
+
+
+def test_memory_stats_has_cuda_keys_and_summary_prints():
+    stats = torch.neuron.memory_stats(0)
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                "active_bytes.large_pool.freed", "allocation.small_pool.current", "segment.all.peak",
+                "num_ooms", "num_alloc_retries", "requested_bytes.all.current"):
+        assert key in stats
+    assert list(stats) == sorted(stats)
+    summary = torch.neuron.memory_summary(0)
+    assert "Allocated memory" in summary and "from large pool" in summary
+    assert "from large pool" not in torch.neuron.memory_summary(0, abbreviated=True)
+
+
+def test_out_of_memory_keeps_state_and_is_recoverable(quiet_device):
+    free, total = torch.neuron.mem_get_info(DEVICE)
+    used = total - free
+    torch.neuron.set_per_process_memory_fraction((used + 64 * MiB) / total, DEVICE)
+    ooms = stat("num_ooms")
+    keep = torch.arange(1000.0, device=quiet_device)
+    chunk = torch.empty(40 * MiB, dtype=torch.uint8, device=quiet_device)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(40 * MiB, dtype=torch.uint8, device=quiet_device)  # 80 MiB > 64 MiB
+    message = str(info.value)
+    assert "Neuron out of memory. Tried to allocate 40.00 MiB" in message
+    assert f"neuron:{DEVICE} (logical NeuronCore {DEVICE} of an emulated trn2.3xlarge (LNC=2))" in message
+    assert "total capacity of 23.81 GiB" in message and "set_per_process_memory_fraction" in message
+    assert "TORCH_NEURONX_DEVICE_MEMORY" in message
+    assert stat("num_ooms") == ooms + 1
+    # Through a CPU kernel's result too (the fallback adopts it): same error, nothing leaked.
+    before = torch.neuron.memory_allocated(DEVICE)
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.special.erfcx(torch.ones(5 * MiB, device=quiet_device))  # 20 MiB input fits, its result not
+    with pytest.raises(torch.OutOfMemoryError):
+        chunk.float()  # 160 MiB result of _to_copy
+    assert torch.neuron.memory_allocated(DEVICE) == before
+    assert torch.equal(keep.cpu(), torch.arange(1000.0)) and chunk.numel() == 40 * MiB
+    del chunk
+    again = torch.empty(40 * MiB, dtype=torch.uint8, device=quiet_device)  # fits after freeing
+    assert again.numel() == 40 * MiB
+
+
+def test_memory_fraction_validation():
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        torch.neuron.set_per_process_memory_fraction(1.5, 0)
+    with pytest.raises(RuntimeError, match="valid indices are 0 to 3"):
+        torch.neuron.memory_allocated(7)
+
+
+def test_emulated_capacity_from_the_environment():
+    r = run("""
+        import torch
+        x = torch.empty(48 << 20, dtype=torch.uint8, device="neuron")
+        try:
+            torch.empty(32 << 20, dtype=torch.uint8, device="neuron")
+        except torch.OutOfMemoryError as error:
+            print("OOM", "total capacity of 64.00 MiB of which 16.00 MiB is free" in str(error))
+        print(torch.neuron.mem_get_info(), x.numel())
+    """, TORCH_NEURONX_DEVICE_MEMORY="64MiB")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["OOM True", f"({16 << 20}, {64 << 20}) {48 << 20}"]
