@@ -14,6 +14,9 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Registers the fallback as the neuron kernel of ops that have a CPU kernel and
 // a generic kernel that would otherwise outrank it; returns how many it routed.
 int64_t route_generic_kernel_ops_to_fallback();
+// Runs torch's c10d ops (collectives) for neuron tensors through the fallback, so the
+// process group's CPU backend (Gloo) works on CPU aliases; returns how many it routed.
+int64_t route_c10d_ops_to_fallback();
 
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.

@@ -134,6 +134,42 @@ int64_t route_generic_kernel_ops_to_fallback() {
 
 namespace {
 
+struct SilentWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+}  // namespace
+
+// torch's own c10d kernels for PrivateUse1 hand neuron tensors to the process
+// group's backend for the neuron device; Gloo accepts only CPU tensors. Running
+// them through the fallback gives Gloo CPU aliases of the neuron memory (no
+// copies): the CPU kernel picks the group's CPU backend, and its Work keeps the
+// aliases, hence the neuron storages, alive until the collective completes.
+int64_t route_c10d_ops_to_fallback() {
+  static auto* library = new torch::Library(torch::Library::IMPL, "c10d", c10::DispatchKey::PrivateUse1,
+                                            __FILE__, __LINE__);
+  static int64_t routed = -1;
+  if (routed >= 0) return routed;
+  routed = 0;
+  SilentWarnings silent;  // replacing a kernel warns "Overriding a previously registered kernel"
+  c10::WarningUtils::WarningHandlerGuard guard(&silent);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("c10d::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++routed;
+  }
+  return routed;
+}
+
+namespace {
+
 template <const char* kWhat>
 void unsupported_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": ", kWhat,

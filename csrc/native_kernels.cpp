@@ -157,7 +157,26 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
                                dropout_p, is_causal, scale, enable_gqa);
 }
 
+// Work is complete when an op returns, so no stream can still be using the
+// memory: nothing to record beyond checking the stream is a neuron one.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron, "record_stream: expected a neuron stream for a neuron tensor, got a ",
+              stream.device_type(), " stream");
+}
+
+// `param.data = t` between CPU and neuron (model offloading does it): torch's
+// own check knows only its built-in dense backends.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.device().is_cpu() || t.device().type() == kNeuron);
+  };
+  return (dense(self) && dense(from)) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("copy_", TORCH_FN(copy_));

@@ -1,13 +1,15 @@
 """``torch.neuron``: the device API of the neuron backend, shaped like ``torch.cuda``.
 
 Execution is host-synchronous: every op has completed when it returns, so
-``synchronize()`` has nothing to wait for. Memory statistics, streams/events,
-topology and device properties are provided by their own modules.
+``synchronize()`` has nothing to wait for. Memory (``torch.neuron.memory``),
+streams/events, device properties and RNG live in their own modules; the
+instance they describe is ``torch_neuronx.topology``.
 """
 import os
 
 import torch
 
+from torch_neuronx import topology
 from torch_neuronx.neuron._device import (  # noqa: F401
     _get_device_index,
     current_device,
@@ -15,6 +17,28 @@ from torch_neuronx.neuron._device import (  # noqa: F401
     device_count,
     device_of,
     set_device,
+)
+from torch_neuronx.neuron import memory  # noqa: F401
+from torch_neuronx.neuron.memory import (  # noqa: F401
+    empty_cache,
+    get_per_process_memory_fraction,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+)
+from torch_neuronx.neuron.properties import (  # noqa: F401
+    get_device_capability,
+    get_device_name,
+    get_device_properties,
 )
 from torch_neuronx.neuron.random import (  # noqa: F401
     get_rng_state,
@@ -27,14 +51,27 @@ from torch_neuronx.neuron.random import (  # noqa: F401
     set_rng_state,
     set_rng_state_all,
 )
+from torch_neuronx.neuron.streams import (  # noqa: F401
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
 
 _ops = torch.ops.neuron
 _in_bad_fork = False
 
 
 def is_available() -> bool:
-    """True when at least one neuron device is visible. Never initializes the runtime."""
-    return device_count() > 0
+    """True when at least one neuron device is visible. Never initializes the runtime.
+    False (not an error) when the environment's topology is invalid: see device_count()."""
+    try:
+        return device_count() > 0
+    except topology.TopologyError:
+        return False
 
 
 def is_initialized() -> bool:
@@ -54,6 +91,8 @@ def _lazy_init() -> None:
             "multiprocessing, you must use the 'spawn' start method "
             "(multiprocessing.set_start_method('spawn'), or torch.multiprocessing.spawn)."
         )
+    if topology.error() is not None:
+        raise RuntimeError(f"neuron is unusable: {topology.error()}")
     _ops._mark_initialized()
 
 
@@ -72,7 +111,8 @@ def _install_fork_handler() -> None:
 
 
 def synchronize(device=None) -> None:
-    """Wait for all work on ``device``. Execution is host-synchronous, so this only validates it."""
+    """Wait for all work on ``device``, in every stream. Execution is host-synchronous, so
+    this only validates ``device``."""
     _get_device_index(device, optional=True)
 
 
@@ -82,15 +122,6 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
-
-
-def empty_cache() -> None:
-    """Release cached memory. Freed neuron memory goes straight back to the host, so there is none."""
-
-
-def get_device_name(device=None) -> str:
-    _get_device_index(device, optional=True)
-    return "NeuronCore-v3 (emulated on host)"
 
 
 def __getattr__(name):

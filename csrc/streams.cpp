@@ -1,0 +1,90 @@
+// Streams and events of the neuron device guard.
+//
+// Every op has finished when it returns (execution is host-synchronous), so
+// work never waits: a stream is an ordering label with a per-thread "current"
+// value, as on CUDA, and an event is a host timestamp taken when it is
+// recorded. Waiting, querying and synchronizing are therefore immediate, and
+// elapsed_time measures host time between the two record() calls.
+#include "neuron.h"
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+
+namespace neuron {
+namespace {
+
+// Stream ids: 0 is the default stream; new streams count up per device.
+std::atomic<c10::StreamId> g_next_stream_id[kMaxDevices];
+thread_local c10::StreamId t_current_stream[kMaxDevices] = {};
+// getStreamFromGlobalPool hands out a fixed set of ids, round robin, as CUDA's pool does.
+constexpr c10::StreamId kPoolSize = 32;
+constexpr c10::StreamId kPoolBase = c10::StreamId(1) << 40;  // far from ids of new streams
+std::atomic<uint32_t> g_pool_cursor[kMaxDevices][2];
+
+struct Event {
+  c10::DeviceIndex device = -1;
+  bool timing = false;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
+};
+
+}  // namespace
+
+c10::Stream current_stream(c10::DeviceIndex index) {
+  index = resolve_device_index(index);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), t_current_stream[index]);
+}
+
+c10::Stream exchange_stream(c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron, "neuron: cannot make a ", stream.device_type(),
+              " stream the current neuron stream; create it with torch.neuron.Stream()");
+  const auto index = resolve_device_index(stream.device_index());
+  const c10::Stream previous(c10::Stream::UNSAFE, c10::Device(kNeuron, index), t_current_stream[index]);
+  t_current_stream[index] = stream.id();
+  return previous;
+}
+
+c10::Stream new_stream(c10::DeviceIndex index, int /*priority: no effect when execution is synchronous*/) {
+  index = resolve_device_index(index);
+  const auto id = g_next_stream_id[index].fetch_add(1) + 1;
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
+}
+
+c10::Stream stream_from_pool(c10::DeviceIndex index, bool high_priority) {
+  index = resolve_device_index(index);
+  const auto slot = g_pool_cursor[index][high_priority ? 1 : 0].fetch_add(1) % kPoolSize;
+  const auto id = kPoolBase + (high_priority ? kPoolSize : 0) + slot;
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
+}
+
+void record_event(void** event, const c10::Stream& stream, c10::DeviceIndex index, c10::EventFlag flag) {
+  TORCH_CHECK(index == -1 || index == stream.device_index(), "Event device index ", static_cast<int>(index),
+              " does not match recording stream's device index ", static_cast<int>(stream.device_index()),
+              ".");
+  if (*event == nullptr) {
+    auto* created = new Event();
+    created->device = stream.device_index();
+    created->timing = flag == c10::EventFlag::BACKEND_DEFAULT;  // torch.Event(enable_timing=True)
+    *event = created;
+  }
+  auto* e = static_cast<Event*>(*event);
+  e->recorded = true;
+  e->when = std::chrono::steady_clock::now();
+}
+
+void destroy_event(void* event) noexcept {
+  delete static_cast<Event*>(event);
+}
+
+double event_elapsed_ms(void* start, void* end) {
+  const auto* a = static_cast<const Event*>(start);
+  const auto* b = static_cast<const Event*>(end);
+  TORCH_CHECK(a != nullptr && b != nullptr && a->recorded && b->recorded,
+              "Both events must be recorded before calculating elapsed time.");
+  TORCH_CHECK(a->timing && b->timing,
+              "Both events must be created with argument 'enable_timing=True'.");
+  return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+}
+
+}  // namespace neuron
