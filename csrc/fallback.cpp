@@ -100,31 +100,20 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-// An op with its own CPU kernel may also have a generic (composite) kernel: the
-// one every structured op gets (CompositeExplicitAutogradNonFunctional), or a
-// decomposition for other backends (CompositeExplicitAutograd/ImplicitAutograd).
-// On neuron that generic kernel outranks a backend fallback, so neuron would run
-// a decomposition (other last bits than CPU) or an empty + .out round trip
-// (+1.4 us). Route such ops to the fallback, i.e. to CPU's own kernel.
-int64_t route_generic_kernel_ops_to_fallback() {
-  static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                            __FILE__, __LINE__);
-  static int64_t routed = -1;
-  if (routed >= 0) return routed;
-  routed = 0;
+namespace {
+
+// Registers the fallback as the PrivateUse1 kernel of every op of `ns` with a
+// CPU kernel that `wanted` selects (once per process); returns how many.
+template <typename Wanted>
+int64_t route_to_fallback(const char* ns, Wanted wanted) {
+  auto* library = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  const std::string prefix = std::string(ns) + "::";
+  int64_t routed = 0;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
+    if (name.name.rfind(prefix, 0) != 0) continue;
     auto op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      continue;
-    }
-    const bool has_generic_kernel =
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-    if (!has_generic_kernel) continue;
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) || !wanted(*op)) continue;
     const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
     ++routed;
@@ -132,13 +121,27 @@ int64_t route_generic_kernel_ops_to_fallback() {
   return routed;
 }
 
-namespace {
-
 struct SilentWarnings final : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
 }  // namespace
+
+// An op with its own CPU kernel may also have a generic (composite) kernel: the
+// one every structured op gets (CompositeExplicitAutogradNonFunctional), or a
+// decomposition for other backends (CompositeExplicitAutograd/ImplicitAutograd).
+// On neuron that generic kernel outranks a backend fallback, so neuron would run
+// a decomposition (other last bits than CPU) or an empty + .out round trip
+// (+1.4 us). Route such ops to the fallback, i.e. to CPU's own kernel.
+int64_t route_generic_kernel_ops_to_fallback() {
+  static const int64_t routed = route_to_fallback("aten", [](const c10::OperatorHandle& op) {
+    return !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
+           (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+            op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+            op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+  });
+  return routed;
+}
 
 // torch's own c10d kernels for PrivateUse1 hand neuron tensors to the process
 // group's backend for the neuron device; Gloo accepts only CPU tensors. Running
@@ -146,25 +149,13 @@ struct SilentWarnings final : c10::WarningHandler {
 // copies): the CPU kernel picks the group's CPU backend, and its Work keeps the
 // aliases, hence the neuron storages, alive until the collective completes.
 int64_t route_c10d_ops_to_fallback() {
-  static auto* library = new torch::Library(torch::Library::IMPL, "c10d", c10::DispatchKey::PrivateUse1,
-                                            __FILE__, __LINE__);
-  static int64_t routed = -1;
-  if (routed >= 0) return routed;
-  routed = 0;
-  SilentWarnings silent;  // replacing a kernel warns "Overriding a previously registered kernel"
-  c10::WarningUtils::WarningHandlerGuard guard(&silent);
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("c10d::", 0) != 0) continue;
-    auto op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      continue;
-    }
-    const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
-    ++routed;
-  }
+  static const int64_t routed = [] {
+    SilentWarnings silent;  // replacing a kernel warns "Overriding a previously registered kernel"
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    return route_to_fallback("c10d", [](const c10::OperatorHandle& op) {
+      return op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1);
+    });
+  }();
   return routed;
 }
 

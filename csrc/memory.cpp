@@ -5,6 +5,7 @@
 #include "neuron.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
@@ -51,7 +52,9 @@ void free_block(void* ctx) {
   c10::free_cpu(header);
 }
 
-class NeuronAllocator final : public c10::Allocator {
+// A c10::DeviceAllocator, so torch.accelerator's memory API (memory_allocated,
+// memory_stats, empty_cache, get_memory_info, ...) works on neuron too.
+class NeuronAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     const auto index = current_device();
@@ -74,6 +77,26 @@ class NeuronAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
+  }
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}  // nothing cached: freed memory is returned at once
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // work is done when an op returns
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    reset_accumulated_stats(device);
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    reset_peak_stats(device);
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_device_index(device);
+    const auto& s = memory_stats(device);
+    const int64_t capacity = s.capacity.load();
+    const int64_t used = s.bytes[kAllPool].current.load();
+    return {static_cast<size_t>(std::max<int64_t>(capacity - used, 0)), static_cast<size_t>(capacity)};
   }
 };
 
@@ -256,6 +279,36 @@ void reset_accumulated_stats(c10::DeviceIndex index) {
 void set_instance_description(std::string description) {
   std::lock_guard<std::mutex> lock(g_description_mutex);
   g_instance_description = std::move(description);
+}
+
+namespace {
+
+void copy_stats(const Stat (&from)[kNumPools], c10::CachingAllocator::StatArray& to) {
+  // StatType order: AGGREGATE, SMALL_POOL, LARGE_POOL, as our pools.
+  for (int pool = 0; pool < kNumPools; ++pool) {
+    to[pool].current = from[pool].current.load();
+    to[pool].peak = from[pool].peak.load();
+    to[pool].allocated = from[pool].allocated.load();
+    to[pool].freed = from[pool].freed.load();
+  }
+}
+
+}  // namespace
+
+c10::CachingDeviceAllocator::DeviceStats NeuronAllocator::getDeviceStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  const auto& s = memory_stats(device);
+  c10::CachingDeviceAllocator::DeviceStats out;
+  // No cache: every block is its own segment, active and requested as allocated.
+  for (auto* bytes : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
+    copy_stats(s.bytes, *bytes);
+  }
+  for (auto* blocks : {&out.allocation, &out.segment, &out.active}) copy_stats(s.blocks, *blocks);
+  out.num_ooms = s.num_ooms.load();
+  out.num_device_alloc = s.blocks[kAllPool].allocated.load();
+  out.num_device_free = s.blocks[kAllPool].freed.load();
+  out.max_split_size = -1;  // blocks are never split (CUDA reports its unlimited default as -1 too)
+  return out;
 }
 
 c10::Allocator* neuron_allocator() { return &g_allocator; }

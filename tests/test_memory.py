@@ -74,6 +74,17 @@ def test_per_device_and_aliases(quiet_device):
     del x
 
 
+def test_torch_accelerator_memory_api_agrees(quiet_device):
+    x = torch.empty(3000, dtype=torch.uint8, device="neuron:0")
+    assert torch.accelerator.memory_stats(0) == torch.neuron.memory_stats(0)
+    assert torch.accelerator.memory_allocated(0) == torch.neuron.memory_allocated(0)
+    assert torch.accelerator.get_memory_info(0) == torch.neuron.mem_get_info(0)
+    torch.accelerator.reset_peak_memory_stats(0)
+    assert torch.neuron.max_memory_allocated(0) == torch.neuron.memory_allocated(0)
+    torch.accelerator.empty_cache()
+    assert x.numel() == 3000
+
+
 def test_memory_stats_has_cuda_keys_and_summary_prints():
     stats = torch.neuron.memory_stats(0)
     for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",

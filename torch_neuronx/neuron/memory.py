@@ -170,7 +170,8 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         return f"|{text:<{width}}|"
 
     lines = [thick, line(f" PyTorch neuron memory summary, device ID {index}"),
-             line(f" emulated capacity {capacity} bytes, this process's limit {limit} bytes"),
+             line(f" emulated capacity {capacity / (1 << 30):.2f} GiB, this process may use "
+                  f"{limit / (1 << 30):.2f} GiB"),
              line(f" num_ooms: {stats['num_ooms']}   (no caching: reserved equals allocated)"),
              thick,
              f"|{'        Metric         ':<25}|{' Cur Usage ':^12}|{' Peak Usage ':^12}|{' Tot Alloc ':^11}|"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from torch_neuronx.neuron._device import _get_device_index, current_device
-from torch_neuronx.neuron._device import device as _device_ctx
 
 __all__ = ["Event", "Stream", "StreamContext", "current_stream", "default_stream", "set_stream", "stream"]
 
@@ -31,8 +30,7 @@ class Stream(torch.Stream):
         index = _get_device_index(device, optional=True)
         low, high = _PRIORITY_RANGE
         priority = min(max(int(priority), high), low)
-        with _device_ctx(index):
-            self = super().__new__(cls, device=torch.device(_NEURON, index), priority=priority)
+        self = super().__new__(cls, device=torch.device(_NEURON, index), priority=priority)
         self._priority = priority
         return self
 
