@@ -1,0 +1,345 @@
+"""The persistent compile-artifact cache (torch_neuronx.compile.cache), AWS's NEFF cache contract."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+from torch_neuronx.compile import cache as cc
+
+CACHE_PY = os.path.abspath(cc.__file__)
+ENV_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_DISABLE_CACHE", "NEURON_COMPILATION_CACHE_MAX_SIZE_MB",
+            "NEURON_COMPILATION_CACHE_MAX_ENTRIES", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+            "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "TORCH_NEURONX_LOG_LEVEL")
+ZERO = dict.fromkeys(cc.COUNTER_NAMES, 0)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
+    cc._warned.clear()  # warnings are once per process; each test starts afresh
+    yield
+    cc._warned.clear()
+
+
+def counters(**nonzero):
+    return {**ZERO, **nonzero}
+
+
+def test_round_trip_memory_then_disk(tmp_path):
+    d, key, payload = str(tmp_path / "c"), cc.cache_key("graph", "v1"), b"\x00compiled\xff" * 100
+    c = cc.NeffCache(d)
+    assert c.enabled and c.directory == d
+    assert c.get(key) is None
+    c.put(key, payload)
+    assert c.get(key) == payload
+    c.record_compilation()
+    assert c.counters == counters(InMemoryMisses=1, PersistentMisses=1, InMemoryHits=1, TotalCompilations=1)
+    path = os.path.join(d, key[:2], key[2:4], key + ".neff")
+    assert os.path.isfile(path) and c.path(key) == path
+    assert os.listdir(os.path.dirname(path)) == [key + ".neff"]  # no temp file left behind
+
+    fresh = cc.NeffCache(d)
+    assert fresh.get(key) == payload
+    assert fresh.get(key) == payload
+    assert fresh.counters == counters(InMemoryMisses=1, PersistentHits=1, InMemoryHits=1)
+    [entry] = fresh.entries()
+    assert (entry.key, entry.path, entry.size) == (key, path, 48 + len(payload))
+    assert fresh.total_size() == entry.size and abs(entry.mtime - time.time()) < 60
+    fresh.reset_counters()
+    assert fresh.counters == ZERO
+    with pytest.raises(ValueError):
+        fresh.get("../etc/passwd")
+
+
+def test_directory_from_env_and_get_cache(tmp_path, monkeypatch):
+    assert cc.NeffCache().directory == "/tmp/neff_cache"
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "a"))
+    a = cc.get_cache()
+    assert a.directory == str(tmp_path / "a") and cc.get_cache() is a
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "b"))
+    b = cc.get_cache()
+    assert b is not a and b.directory == str(tmp_path / "b") and b.enabled
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
+    assert not cc.get_cache().enabled
+
+
+def test_key_stable_and_sensitive():
+    k = cc.cache_key("graph", b"\x01\x02", "opts")
+    assert k == cc.cache_key("graph", b"\x01\x02", "opts") == cc.cache_key(b"graph", "\x01\x02", b"opts")
+    assert len(k) == 32 and int(k, 16) >= 0
+    variants = [("graphX", b"\x01\x02", "opts"), ("graph", b"\x01\x03", "opts"), ("graph", b"\x01\x02", "opt"),
+                ("graph", b"\x01\x02"), ("graph", b"\x01\x02", "opts", ""), ()]
+    assert len({k, *(cc.cache_key(*v) for v in variants)}) == len(variants) + 1
+    assert cc.cache_key("ab", "c") != cc.cache_key("a", "bc") != cc.cache_key("abc")
+    assert cc.cache_key("é") == cc.cache_key("é".encode())
+    with pytest.raises(TypeError):
+        cc.cache_key(3)
+
+
+CORRUPTIONS = {
+    "truncated payload": lambda b: b[:-10],
+    "truncated header": lambda b: b[:20],
+    "empty": lambda b: b"",
+    "checksum mismatch": lambda b: b[:60] + bytes([b[60] ^ 1]) + b[61:],
+    "bad magic": lambda b: b"XXNEFF01" + b[8:],
+    "length field": lambda b: b[:8] + (5).to_bytes(8, "little") + b[16:],
+}
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_corrupt_entry_is_a_miss_warned_once_removed_and_recompiled(tmp_path, how):
+    d, key, payload = str(tmp_path), cc.cache_key("corrupt", how), os.urandom(1000)
+    cc.NeffCache(d).put(key, payload)
+    path = cc.NeffCache(d).path(key)
+
+    def corrupt():
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(CORRUPTIONS[how](data))
+
+    corrupt()
+    c = cc.NeffCache(d)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert c.get(key) is None
+        assert c.get(key) is None  # file gone now: a plain miss
+    assert [w.category for w in caught] == [RuntimeWarning]
+    message = str(caught[0].message)
+    assert "corrupt compile cache entry" in message and path in message and "recompiled" in message
+    assert not os.path.exists(path)
+    assert c.counters == counters(InMemoryMisses=2, PersistentMisses=2, CorruptEntries=1)
+
+    c.put(key, payload)  # "recompiled"
+    assert cc.NeffCache(d).get(key) == payload
+
+    corrupt()  # corrupt again: counted and removed, but the key was already reported
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = cc.NeffCache(d)
+        assert again.get(key) is None
+        other = cc.cache_key("another key")  # a different key is reported on its own
+        again.put(other, b"x" * 100)
+        with open(again.path(other), "r+b") as f:
+            f.truncate(50)
+        assert cc.NeffCache(d).get(other) is None
+    assert again.counters["CorruptEntries"] == 1 and not os.path.exists(path)
+    assert len(caught) == 1 and again.path(other) in str(caught[0].message)
+
+
+_WORKER = """
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("neff_cache_under_test", {cache_py!r})
+cc = importlib.util.module_from_spec(spec); spec.loader.exec_module(cc)
+key, payload, locked = {key!r}, {payload_expr}, {locked!r}
+cache = cc.NeffCache()
+while not os.path.exists({go!r}):
+    time.sleep(0.005)
+if locked:
+    with cache.compile_lock(key):
+        if cache.get(key) is None:
+            time.sleep(0.2)  # "compile"
+            cache.record_compilation()
+            cache.put(key, payload)
+else:  # no lock: hammer the same key, every read must be some writer's whole payload
+    for i in range(5):
+        cache.put(key, payload)
+        got = cache.get(key)  # the memory tier is off (MAX_ENTRIES=0): this reads the file
+        assert got is not None and got == bytes(got[:1]) * len(payload), "torn entry"
+assert cache.counters["CorruptEntries"] == 0 and cache.counters["WriteFailures"] == 0, cache.counters
+print("put" if cache.counters["TotalCompilations"] else "hit")
+"""
+
+
+def _run_writers(tmp_path, monkeypatch, locked, payload_expr):
+    d, key, go = tmp_path / "cache", cc.cache_key("same graph"), tmp_path / "go"
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(d))
+    if not locked:
+        monkeypatch.setenv("NEURON_COMPILATION_CACHE_MAX_ENTRIES", "0")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER.format(
+        cache_py=CACHE_PY, key=key, payload_expr=payload_expr.format(i=i), locked=locked, go=str(go))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(8)]
+    time.sleep(0.3)
+    go.touch()  # start them together
+    results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+    assert [r[2] for r in results] == [0] * 8, [r[1] for r in results]
+    assert not [f for _, _, files in os.walk(d) for f in files if f.startswith(".tmp-")]
+    return cc.NeffCache(str(d)), key, [r[0].strip() for r in results]
+
+
+def test_concurrent_writers_with_compile_lock_compile_once(tmp_path, monkeypatch):
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    cache, key, outcomes = _run_writers(tmp_path, monkeypatch, True, "bytes(range(256)) * 4096")
+    assert sorted(outcomes) == ["hit"] * 7 + ["put"]  # the lock serialized them: one compiled, seven hit
+    assert cache.get(key) == payload and cache.counters["CorruptEntries"] == 0
+    assert len(os.listdir(tmp_path / "locks")) == 1
+
+
+def test_concurrent_writers_without_lock_never_tear(tmp_path, monkeypatch):
+    # Eight different 1 MiB payloads (each a single repeated byte) to one key: atomic replace means
+    # the survivor is exactly one of them.
+    cache, key, _ = _run_writers(tmp_path, monkeypatch, False, "bytes([{i}]) * (1 << 20)")
+    got = cache.get(key)
+    assert got in [bytes([i]) * (1 << 20) for i in range(8)]
+    assert cache.counters["CorruptEntries"] == 0 and len(cache.entries()) == 1
+
+
+def _unwritable(tmp_path, kind):
+    if kind == "path is a file":
+        path = tmp_path / "not-a-dir"
+        path.write_text("x")
+        return str(path)
+    path = tmp_path / "readonly"
+    path.mkdir()
+    path.chmod(0o500)
+    if os.access(path, os.W_OK):
+        pytest.skip("running as root: a 0o500 directory is still writable (the 'path is a file' case covers this)")
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["path is a file", "read-only directory"])
+def test_unwritable_directory_warns_once_and_keeps_memory_tier(tmp_path, kind):
+    d = _unwritable(tmp_path, kind)
+    c = cc.NeffCache(d)
+    k1, k2 = cc.cache_key("one"), cc.cache_key("two")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c.put(k1, b"first")
+        c.put(k2, b"second")
+        cc.NeffCache(d).put(k1, b"again")  # once per directory per process, not per instance
+    assert [w.category for w in caught] == [RuntimeWarning]
+    message = str(caught[0].message)
+    assert d in message and "will not be persisted" in message and "TORCH_NEURONX_NEFF_CACHE_DIR" in message
+    assert c.counters["WriteFailures"] == 2
+    assert c.get(k1) == b"first" and c.get(k2) == b"second"  # memory tier still works
+    assert cc.NeffCache(d).get(k1) is None  # nothing persisted
+    assert cc.NeffCache(d).entries() == [] and not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+
+
+def test_unusable_lock_directory_proceeds_without_lock(tmp_path, monkeypatch):
+    (tmp_path / "lockfile").write_text("x")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "lockfile"))
+    c, key = cc.NeffCache(str(tmp_path / "c")), cc.cache_key("k")
+    with pytest.warns(RuntimeWarning, match="compiling without it"):
+        with c.compile_lock(key):
+            c.put(key, b"v")
+    assert cc.NeffCache(str(tmp_path / "c")).get(key) == b"v"
+
+
+def test_lock_timeout_proceeds_without_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "0.2")
+    c, key = cc.NeffCache(str(tmp_path / "c")), cc.cache_key("k")
+    with c.compile_lock(key):  # flock is per open file: a second acquisition in-process blocks too
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="timed out after 0.2 s"):
+            with c.compile_lock(key):
+                pass
+        assert 0.15 < time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", "yes", " Yes "])
+def test_disable_variable_turns_off_both_tiers(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", value)
+    c, key = cc.NeffCache(str(tmp_path / "c")), cc.cache_key("k")
+    assert not c.enabled
+    c.put(key, b"payload")
+    assert c.get(key) is None
+    with c.compile_lock(key):
+        pass
+    assert c.counters == ZERO  # defined: a disabled cache looks nothing up, so nothing is counted
+    assert not os.path.exists(tmp_path / "c") and not os.path.exists(tmp_path / "locks")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "0")
+    assert cc.NeffCache(str(tmp_path / "c")).enabled
+
+
+def test_lru_eviction_by_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILATION_CACHE_MAX_ENTRIES", "2")
+    c = cc.NeffCache(str(tmp_path))
+    k = [cc.cache_key(str(i)) for i in range(3)]
+    c.put(k[0], b"0")
+    c.put(k[1], b"1")
+    assert c.get(k[0]) == b"0"  # k0 now most recent; k1 is the LRU victim
+    c.put(k[2], b"2")
+    assert c.counters["Evictions"] == 1
+    c.reset_counters()
+    assert c.get(k[0]) == b"0" and c.get(k[2]) == b"2"
+    assert c.counters == counters(InMemoryHits=2)
+    assert c.get(k[1]) == b"1"  # evicted from memory, still on disk; promoting it evicts k0
+    assert c.counters == counters(InMemoryHits=2, InMemoryMisses=1, PersistentHits=1, Evictions=1)
+    assert len(c.entries()) == 3
+
+
+def test_lru_eviction_by_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILATION_CACHE_MAX_SIZE_MB", "1")
+    c = cc.NeffCache(str(tmp_path))
+    k = [cc.cache_key(str(i)) for i in range(4)]
+    for i in range(3):
+        c.put(k[i], bytes([i]) * 400_000)  # three of them exceed 1 MiB
+    assert c.counters["Evictions"] == 1
+    c.put(k[3], b"x" * (2 << 20))  # larger than the whole tier: kept on disk only, evicts nothing
+    assert c.counters["Evictions"] == 1
+    c.reset_counters()
+    assert c.get(k[0]) == bytes([0]) * 400_000 and c.get(k[3]) == b"x" * (2 << 20)
+    assert c.counters == counters(InMemoryMisses=2, PersistentHits=2, Evictions=1)
+    assert len(c.entries()) == 4
+
+
+def test_log_level_2_prints_hit_miss_storing(tmp_path, monkeypatch, capsys):
+    c, key = cc.NeffCache(str(tmp_path)), cc.cache_key("logged")
+    c.get(key)
+    assert capsys.readouterr().err == ""  # default level 1: quiet
+    monkeypatch.setenv("TORCH_NEURONX_LOG_LEVEL", "2")
+    c.get(key)
+    c.put(key, b"12345")
+    c.get(key)
+    cc.NeffCache(str(tmp_path)).get(key)
+    assert capsys.readouterr().err.splitlines() == [
+        f"[NEFF_CACHE] MISS {key}", f"[NEFF_CACHE] Storing {key} (5 bytes)",
+        f"[NEFF_CACHE] HIT {key} (memory)", f"[NEFF_CACHE] HIT {key} (disk)"]
+
+
+def test_cli_list_size_clear(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "cli"
+    c = cc.NeffCache(str(d))
+    keys = sorted(cc.cache_key(str(i)) for i in range(3))
+    for i, k in enumerate(keys):
+        c.put(k, b"p" * (100 * (i + 1)))
+    total = 3 * 48 + 600
+
+    assert cc.main(["--dir", str(d), "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == keys and len(lines) == 4
+    assert lines[0].split()[1] == "148" and "T" in lines[0].split()[2]
+    assert lines[3] == f"total {total} bytes (744 B) in 3 entries, {d}"
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(d))  # the default directory comes from the env
+    assert cc.main(["size"]) == 0
+    assert capsys.readouterr().out == f"total {total} bytes (744 B) in 3 entries, {d}\n"
+
+    assert cc.main(["clear", "--dir", str(d)]) == 0
+    assert capsys.readouterr().out == f"removed 3 entries from {d}\n"
+    assert os.listdir(d) == []  # empty shard directories went too
+    assert cc.main(["list"]) == 0
+    assert capsys.readouterr().out == f"total 0 bytes (0 B) in 0 entries, {d}\n"
+
+    for bad in ([], ["bogus"], ["list", "--dir"], ["--nope", "size"]):
+        assert cc.main(bad) == 2, bad
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, (bad, err)
+
+
+def test_cli_as_module(tmp_path):
+    d = tmp_path / "m"
+    cc.NeffCache(str(d)).put(cc.cache_key("x"), b"y" * 2000)
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx.compile.cache", "size", "--dir", str(d)],
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, f"total 2048 bytes (2.0 KiB) in 1 entries, {d}\n"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx.compile.cache"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: "), r.stderr

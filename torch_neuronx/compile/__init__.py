@@ -1,0 +1,1 @@
+"""torch.compile support for the emulated `neuron` device (backend and compile-artifact cache)."""
