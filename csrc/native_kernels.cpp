@@ -5,7 +5,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>
-#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/_to_copy_native.h>
@@ -140,21 +140,14 @@ at::Tensor sparse_compressed_to_copy(const at::Tensor& self, std::optional<c10::
 }  // namespace
 
 // SDPA picks its backend through a per-device stub; answering with CPU's own
-// choice makes neuron run exactly the kernels CPU runs (same numerics).
+// choice makes neuron run exactly the kernels CPU runs (same numerics). CPU's
+// choice reads only metadata (shapes, dtypes, requires_grad), so it is asked
+// with the neuron tensors themselves: no aliases, and fake tensors work too.
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  CallContext ctx("aten::_fused_sdp_choice");
-  // The choice depends on which inputs require grad: the aliases must say so too.
-  auto alias_with_grad = [&ctx](const at::Tensor& t) {
-    auto a = ctx.alias(t);
-    if (t.defined() && t.requires_grad()) a.unsafeGetTensorImpl()->set_requires_grad(true);
-    return a;
-  };
-  std::optional<at::Tensor> cpu_mask =
-      attn_mask.has_value() ? std::optional<at::Tensor>(alias_with_grad(*attn_mask)) : attn_mask;
-  return at::_fused_sdp_choice(alias_with_grad(query), alias_with_grad(key), alias_with_grad(value), cpu_mask,
-                               dropout_p, is_causal, scale, enable_gqa);
+  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), query, key, value,
+                                                 attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 // Work is complete when an op returns, so no stream can still be using the

@@ -1,0 +1,89 @@
+"""Compiled graphs in the NEFF-style cache: their keys, and compile-or-load.
+
+An entry holds Inductor's own cache artifacts for one forward/backward graph
+(``torch.compiler.save_cache_artifacts``, TorchNeuron's "MegaCache"), checksummed by
+:mod:`torch_neuronx.compile.cache`. Loading one hot-loads those artifacts, so Inductor
+finds the graph in its cache and generates and compiles nothing. Inductor's working cache
+(generated code, built host libraries) lives under the NEFF cache directory too, unless
+``TORCHINDUCTOR_CACHE_DIR`` is set, so one directory holds everything a warm start needs.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any, Callable
+
+import torch
+
+import torch_neuronx
+from torch_neuronx.compile import cache as neff_cache
+
+# Bump when the host code we generate changes for the same graph.
+ARTIFACT_FORMAT = "1"
+
+
+def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, Any]) -> str:
+    """Everything that shapes the compiled code: the graph, its inputs' metadata, how it is
+    compiled, and the versions of torch, Inductor's configuration and this project."""
+    inputs = [(tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
+              if isinstance(t, torch.Tensor) else repr(t) for t in cpu_inputs]
+    settings = {k: repr(v) for k, v in sorted(compile_kwargs.items()) if k != "graph_id"}
+    return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True, include_device=True),
+                                repr(inputs), repr(settings), torch.__version__, torch_neuronx.__version__,
+                                ARTIFACT_FORMAT, repr(torch._inductor.config.get_hash()))
+
+
+@contextlib.contextmanager
+def inductor_settings():
+    """Inductor's working cache under the NEFF cache directory; its FX graph cache off when
+    the NEFF cache is disabled (so a disabled cache really compiles)."""
+    cache = neff_cache.get_cache()
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if previous is None and cache.enabled:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache.directory, "inductor")
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=cache.enabled):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+def _fx_cache_misses() -> int:
+    from torch._dynamo.utils import counters
+    return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
+
+
+def _load(payload: bytes, compile_fn: Callable[[], Any]) -> tuple[Any, bool]:
+    """Hot-load the artifacts, then let Inductor find the graph. (compiled, really_a_hit)."""
+    torch.compiler.load_cache_artifacts(payload)
+    misses = _fx_cache_misses()
+    compiled = compile_fn()
+    return compiled, _fx_cache_misses() == misses
+
+
+def compile_with_cache(key: str, compile_fn: Callable[[], Any]) -> tuple[Any, bool]:
+    """The compiled graph for ``key``: loaded from the cache, or compiled (and stored).
+    Returns (compiled, hit)."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    cache = neff_cache.get_cache()
+    if not cache.enabled:
+        cache.record_compilation()
+        return compile_fn(), False
+    with cache.compile_lock(key):  # processes compiling the same graph: one compiles, the rest load
+        payload = cache.get(key)
+        if payload is not None:
+            try:
+                return _load(payload, compile_fn)
+            except Exception as error:  # noqa: BLE001 - a bad entry must never stop a compile
+                warnings.warn(f"[NEFF_CACHE] could not load compile cache entry {key} ({error!r}); recompiling",
+                              RuntimeWarning, stacklevel=2)
+        with CacheArtifactManager.with_fresh_cache():
+            compiled = compile_fn()
+            artifacts = torch.compiler.save_cache_artifacts()
+        cache.record_compilation()
+        if artifacts is not None:
+            cache.put(key, artifacts[0])
+        return compiled, False

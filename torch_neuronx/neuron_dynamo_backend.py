@@ -1,0 +1,180 @@
+"""``torch.compile(backend="neuron")``: TorchNeuron's compiled mode, executed on the host.
+
+Dynamo hands us a graph of neuron tensors. AOTAutograd (with Inductor's decompositions, joint
+passes and partitioner) traces it on neuron fakes; each forward/backward graph is rewritten to
+CPU and compiled by Inductor for CPU (:mod:`torch_neuronx.compile.host_code`); the result runs
+on the neuron tensors' own bytes. Compiled graphs are cached on disk like TorchNeuron's NEFFs
+(:mod:`torch_neuronx.compile.cache`), keyed by the graph and everything that shapes its code.
+
+TorchNeuron's contract, kept here: static shapes (``dynamic=True`` is an error; each new input
+shape compiles once; Dynamo's automatic dynamic shapes are turned off when this module loads),
+``mode`` other than "default" warned and ignored, ``options={"fallback_execution", "model_name"}``,
+``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION`` (default: a compile failure raises
+:class:`NEFFCompilationError`; "0": warn and run the graph eagerly), per-graph metrics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch._dynamo
+
+from torch_neuronx.compile import compiled_graphs, host_code
+
+__all__ = ["NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
+           "get_model_name", "neuron_backend", "reset_dynamo_metrics", "set_model_name"]
+
+KNOWN_OPTIONS = ("fallback_execution", "model_name")
+FALLBACK_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+
+# Static shapes, as TorchNeuron: a new shape compiles a new graph instead of a dynamic one.
+torch._dynamo.config.automatic_dynamic_shapes = False
+
+
+class NEFFCompilationError(RuntimeError):
+    """A graph could not be compiled (and fallback execution is disabled)."""
+
+
+class NEFFExecutionError(RuntimeError):
+    """A compiled graph failed while running."""
+
+
+@dataclasses.dataclass
+class GraphMetrics:
+    graph_id: int
+    graph_name: str
+    model_name: str | None
+    has_collectives: bool
+    graph_node_count: int
+    fx_passes_us: float = 0.0  # our FX rewriting of the forward/backward graphs
+    lower_us: float = 0.0  # AOTAutograd: tracing, decompositions, partitioning
+    compile_us: float = 0.0  # Inductor code generation and host compilation (or cache loads)
+    cache: str = "miss"  # "hit" when every compiled piece came from the compile cache
+    fell_back: bool = False  # compile failed and the graph runs eagerly
+
+
+_model_name: str | None = None
+_metrics: list[GraphMetrics] = []
+_warned_modes: set[str] = set()
+
+
+def set_model_name(name: str | None) -> None:
+    """Name the model whose graphs compile next (shown in metrics)."""
+    global _model_name
+    _model_name = name
+
+
+def get_model_name() -> str | None:
+    return _model_name
+
+
+def get_dynamo_metrics() -> list[dict[str, Any]]:
+    """One dict per compiled graph, in compile order."""
+    return [dataclasses.asdict(m) for m in _metrics]
+
+
+def reset_dynamo_metrics() -> None:
+    _metrics.clear()
+
+
+def _fallback_allowed(options: dict[str, Any]) -> bool:
+    if "fallback_execution" in options:
+        return bool(options["fallback_execution"])
+    disabled = os.environ.get(FALLBACK_ENV, "1").strip().lower()
+    return disabled in ("0", "false", "no", "off")
+
+
+def _check_arguments(example_inputs, mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(KNOWN_OPTIONS))
+    if unknown:
+        raise ValueError(f"torch.compile(backend='neuron') got unknown options {unknown}; the known options are "
+                         f"{list(KNOWN_OPTIONS)}")
+    if mode not in (None, "default") and mode not in _warned_modes:
+        _warned_modes.add(mode)
+        warnings.warn(f"torch.compile(backend='neuron') ignores mode={mode!r}: only 'default' exists on neuron",
+                      UserWarning, stacklevel=3)
+    dynamic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride()))) for v in example_inputs)
+    if dynamic or not torch._dynamo.config.assume_static_by_default:
+        raise NEFFCompilationError(
+            "torch.compile(backend='neuron', dynamic=True) is not supported: TorchNeuron compiles static shapes. "
+            "Use dynamic=False (or leave it unset): each new input shape compiles once and is reused after.")
+    return options
+
+
+def _has_collectives(gm: torch.fx.GraphModule) -> bool:
+    return any(node.op == "call_function" and "c10d" in str(getattr(node.target, "namespace", node.target))
+               for node in gm.graph.nodes)
+
+
+class _GraphCompiler:
+    """Compiles one Dynamo graph; its inner compiler runs once per forward/backward graph."""
+
+    def __init__(self, metrics: GraphMetrics, options: dict[str, Any]):
+        self.metrics = metrics
+        self.options = options
+        self.pieces = 0
+        self.hits = 0
+
+    def inner_compile(self, gm: torch.fx.GraphModule, example_inputs, **kwargs) -> Callable:
+        from torch._guards import detect_fake_mode
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        kwargs.pop("get_decomp_fn", None)
+        start = time.perf_counter()
+        fake_mode = detect_fake_mode(example_inputs)
+        host_code.rewrite_to_cpu(gm, fake_mode)
+        cpu_inputs = host_code.cpu_example_inputs(example_inputs, fake_mode)
+        rewritten = time.perf_counter()
+        self.metrics.fx_passes_us += (rewritten - start) * 1e6
+        key = compiled_graphs.graph_key(gm, cpu_inputs, kwargs)
+        compiled, hit = compiled_graphs.compile_with_cache(key, lambda: compile_fx_inner(gm, cpu_inputs, **kwargs))
+        self.metrics.compile_us += (time.perf_counter() - rewritten) * 1e6
+        self.pieces += 1
+        self.hits += hit
+        return host_code.run_on_neuron(compiled)
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,
+                   options: dict[str, Any] | None = None) -> Callable:
+    """The ``neuron`` Dynamo backend."""
+    from torch._inductor.compile_fx import compile_fx
+
+    options = _check_arguments(example_inputs, mode, options)
+    metrics = GraphMetrics(graph_id=len(_metrics), graph_name=f"neuron_graph_{len(_metrics)}",
+                           model_name=options.get("model_name", _model_name),
+                           has_collectives=_has_collectives(gm),
+                           graph_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+    _metrics.append(metrics)
+    compiler = _GraphCompiler(metrics, options)
+    start = time.perf_counter()
+    try:
+        # Our inner compiler's results wrap Inductor's: AOTAutograd must not cache them itself.
+        with torch._functorch.config.patch(enable_autograd_cache=False), compiled_graphs.inductor_settings():
+            compiled = compile_fx(gm, example_inputs, inner_compile=compiler.inner_compile)
+    except Exception as error:
+        if not _fallback_allowed(options):
+            raise NEFFCompilationError(
+                f"neuron failed to compile graph {metrics.graph_name}: {type(error).__name__}: {error}. Set "
+                f"{FALLBACK_ENV}=0 (or options={{'fallback_execution': True}}) to run it eagerly instead."
+            ) from error
+        warnings.warn(f"neuron failed to compile graph {metrics.graph_name} ({type(error).__name__}: {error}); "
+                      "running it eagerly", RuntimeWarning, stacklevel=2)
+        metrics.fell_back = True
+        return gm.forward
+    total_us = (time.perf_counter() - start) * 1e6
+    metrics.lower_us = max(total_us - metrics.compile_us - metrics.fx_passes_us, 0.0)
+    metrics.cache = "hit" if compiler.pieces and compiler.hits == compiler.pieces else "miss"
+    return compiled
+
+
+def create_neuron_backend(**options) -> Callable:
+    """A ``neuron`` backend with ``options`` bound: ``torch.compile(m, backend=create_neuron_backend(...))``."""
+    _check_arguments((), None, options)
+    return functools.partial(neuron_backend, options=options)
