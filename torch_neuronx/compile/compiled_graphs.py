@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
 from typing import Any, Callable
 
@@ -50,40 +51,45 @@ def inductor_settings():
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
-def _fx_cache_misses() -> int:
+def _cache_misses() -> int:
+    """Inductor's and AOTAutograd's own cache misses and bypasses so far."""
     from torch._dynamo.utils import counters
-    return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
+    return sum(counters[group][name] for group, name in (
+        ("inductor", "fxgraph_cache_miss"), ("inductor", "fxgraph_cache_bypass"),
+        ("aot_autograd", "autograd_cache_miss"), ("aot_autograd", "autograd_cache_bypass")))
 
 
-def _load(payload: bytes, compile_fn: Callable[[], Any]) -> tuple[Any, bool]:
-    """Hot-load the artifacts, then let Inductor find the graph. (compiled, really_a_hit)."""
-    torch.compiler.load_cache_artifacts(payload)
-    misses = _fx_cache_misses()
-    compiled = compile_fn()
-    return compiled, _fx_cache_misses() == misses
+def _timed(compile_fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    return compile_fn(), time.perf_counter() - start
 
 
-def compile_with_cache(key: str, compile_fn: Callable[[], Any]) -> tuple[Any, bool]:
+def compile_with_cache(key: str, compile_fn: Callable[[], Any]) -> tuple[Any, bool, float]:
     """The compiled graph for ``key``: loaded from the cache, or compiled (and stored).
-    Returns (compiled, hit)."""
+    Returns (compiled, hit, seconds spent compiling or loading)."""
     from torch.compiler._cache import CacheArtifactManager
 
     cache = neff_cache.get_cache()
     if not cache.enabled:
         cache.record_compilation()
-        return compile_fn(), False
+        compiled, seconds = _timed(compile_fn)
+        return compiled, False, seconds
     with cache.compile_lock(key):  # processes compiling the same graph: one compiles, the rest load
         payload = cache.get(key)
         if payload is not None:
             try:
-                return _load(payload, compile_fn)
+                start = time.perf_counter()
+                torch.compiler.load_cache_artifacts(payload)  # Inductor's artifacts, hot-loaded
+                misses = _cache_misses()
+                compiled = compile_fn()  # finds everything in Inductor's caches: nothing is compiled
+                return compiled, _cache_misses() == misses, time.perf_counter() - start
             except Exception as error:  # noqa: BLE001 - a bad entry must never stop a compile
                 warnings.warn(f"[NEFF_CACHE] could not load compile cache entry {key} ({error!r}); recompiling",
                               RuntimeWarning, stacklevel=2)
         with CacheArtifactManager.with_fresh_cache():
-            compiled = compile_fn()
+            compiled, seconds = _timed(compile_fn)
             artifacts = torch.compiler.save_cache_artifacts()
         cache.record_compilation()
         if artifacts is not None:
             cache.put(key, artifacts[0])
-        return compiled, False
+        return compiled, False, seconds

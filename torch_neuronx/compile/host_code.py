@@ -1,11 +1,11 @@
-"""Compiles the graphs AOTAutograd hands us (neuron fakes) into host code: Inductor for CPU.
+"""Runs Dynamo graphs of neuron tensors as host code: Inductor for CPU, on the same bytes.
 
-AOTAutograd runs on the neuron graph, so autograd, views, input mutation and buffer updates are
-handled with neuron tensors as on any device. Each forward/backward graph it produces is
-rewritten to CPU (device literals and every value's metadata), compiled by Inductor's inner
-compiler for CPU, and wrapped: at run time neuron inputs are passed as CPU aliases of the same
-bytes and the outputs come back as neuron tensors without a copy (``_enter/_exit_compiled_call``
-in csrc/compiled_calls.cpp).
+The graph is rewritten to CPU (device literals and every value's metadata) and compiled by
+Inductor exactly as a CPU graph is, so Inductor's caches (FX graph, AOTAutograd) apply. At run
+time neuron inputs are passed as CPU aliases of the same bytes and the outputs come back as
+neuron tensors without a copy (``_enter/_exit_compiled_call`` in csrc/compiled_calls.cpp). When
+gradients flow, an autograd.Function bridges neuron autograd to the CPU graph's: its backward
+runs the compiled backward on CPU aliases of the incoming gradients.
 """
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ NEURON = "neuron"
 _CPU = torch.device("cpu")
 
 
+def _is_neuron_device_string(value: Any) -> bool:
+    return isinstance(value, str) and (value == NEURON or value.startswith(NEURON + ":"))
+
+
 def _to_cpu_device(value: Any) -> Any:
-    if isinstance(value, torch.device) and value.type == NEURON:
+    if isinstance(value, torch.device) and value.type == NEURON or _is_neuron_device_string(value):
         return _CPU
     if isinstance(value, (list, tuple)):
         return type(value)(_to_cpu_device(v) for v in value)
@@ -28,7 +32,7 @@ def _to_cpu_device(value: Any) -> Any:
     return value
 
 
-def _cpu_fake(value: Any, fake_mode) -> Any:
+def _cpu_fake(value: Any, fake_mode, keep_grad: bool = False) -> Any:
     """A CPU fake with the metadata of a neuron (fake) tensor; anything else unchanged."""
     if not isinstance(value, torch.Tensor) or value.device.type != NEURON:
         return value
@@ -36,6 +40,8 @@ def _cpu_fake(value: Any, fake_mode) -> Any:
         cpu = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_CPU)
         if value.storage_offset():
             cpu = cpu.as_strided(value.shape, value.stride(), value.storage_offset())
+    if keep_grad and value.requires_grad:
+        cpu.requires_grad_(True)
     return cpu
 
 
@@ -44,8 +50,10 @@ def rewrite_to_cpu(gm: torch.fx.GraphModule, fake_mode) -> None:
     for node in gm.graph.nodes:
         node.args = _to_cpu_device(node.args)
         node.kwargs = _to_cpu_device(node.kwargs)
-        if "val" in node.meta:
-            node.meta["val"] = torch.utils._pytree.tree_map(lambda v: _cpu_fake(v, fake_mode), node.meta["val"])
+        for name in ("val", "example_value"):  # AOTAutograd's and Dynamo's names
+            if name in node.meta:
+                node.meta[name] = torch.utils._pytree.tree_map(lambda v: _cpu_fake(v, fake_mode, True),
+                                                               node.meta[name])
     gm.recompile()
 
 
@@ -55,33 +63,89 @@ def has_neuron_values(gm: torch.fx.GraphModule) -> bool:
                for v in torch.utils._pytree.tree_leaves(node.meta.get("val")))
 
 
-def run_on_neuron(compiled: Callable) -> Callable:
-    """Wrap a CPU-compiled boxed callable so it takes and returns neuron tensors, zero-copy."""
-    enter, leave, abort = (torch.ops.neuron._enter_compiled_call, torch.ops.neuron._exit_compiled_call,
-                           torch.ops.neuron._abort_compiled_call)
+def _ops():
+    ops = torch.ops.neuron
+    return ops._enter_compiled_call, ops._exit_compiled_call, ops._abort_compiled_call
 
-    def call(args: list) -> Any:
+
+def _run(compiled: Callable, args: Sequence[Any], positions: list[int], aliases: list) -> tuple[list, Any]:
+    """Call ``compiled`` with ``aliases`` in place of the tensor arguments; returns (flat
+    outputs, their tree spec). Pops the alias frame if the call fails."""
+    cpu_args = list(args)
+    for i, alias in zip(positions, aliases):
+        cpu_args[i] = alias
+    try:
+        outputs = compiled(*cpu_args)
+    except BaseException:
+        _ops()[2]()
+        raise
+    return torch.utils._pytree.tree_flatten(outputs)
+
+
+def _map_back(flat: list, slots: list[int], mapped: Sequence[torch.Tensor], spec) -> Any:
+    flat = list(flat)
+    for i, t in zip(slots, mapped):
+        flat[i] = t
+    return torch.utils._pytree.tree_unflatten(flat, spec)
+
+
+class _GradBridge(torch.autograd.Function):
+    """Neuron autograd around a CPU-compiled graph: forward runs it on CPU aliases with grad
+    enabled; backward differentiates the CPU outputs and adopts the input gradients."""
+
+    @staticmethod
+    def forward(ctx, compiled, args, positions, holder, *tensors):
+        enter, leave, _ = _ops()
+        aliases = enter(list(tensors))
+        for t, alias in zip(tensors, aliases):
+            if t.requires_grad:
+                alias.requires_grad_(True)
+        with torch.enable_grad():
+            flat, spec = _run(compiled, args, positions, aliases)
+        slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
+        cpu_outputs = [flat[i] for i in slots]
+        mapped = leave(cpu_outputs)
+        ctx.cpu_inputs = [a for t, a in zip(tensors, aliases) if t.requires_grad]
+        ctx.needs = [t.requires_grad for t in tensors]
+        ctx.cpu_outputs = cpu_outputs
+        ctx.device = next((t.device for t in tensors if t.device.type == NEURON), None)
+        ctx.mark_non_differentiable(*[m for m, o in zip(mapped, cpu_outputs) if not o.requires_grad])
+        holder.extend([flat, slots, spec])
+        return tuple(mapped)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        enter, leave, _ = _ops()
+        pairs = [(o, g) for o, g in zip(ctx.cpu_outputs, grads) if o.requires_grad and g is not None]
+        grad_aliases = enter([g for _, g in pairs])
+        leave([])
+        cpu_grads = torch.autograd.grad([o for o, _ in pairs], ctx.cpu_inputs, grad_aliases, allow_unused=True)
+        with torch.neuron.device(ctx.device):
+            enter([])
+            present = [g for g in cpu_grads if g is not None]
+            adopted = iter(leave(present))
+        by_input = iter(None if g is None else next(adopted) for g in cpu_grads)
+        return (None, None, None, None, *[next(by_input) if need else None for need in ctx.needs])
+
+
+def run_graph_on_neuron(compiled: Callable) -> Callable:
+    """Wrap a CPU-compiled graph so it takes and returns neuron tensors, zero-copy."""
+
+    def call(*args):
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        aliases = enter([args[i] for i in positions])
-        cpu_args = list(args)
-        for i, alias in zip(positions, aliases):
-            cpu_args[i] = alias
-        args.clear()  # boxed convention: the callee owns the inputs
-        try:
-            outputs = compiled(cpu_args)
-        except BaseException:
-            abort()
-            raise
-        flat, spec = torch.utils._pytree.tree_flatten(outputs)
-        tensor_slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
-        mapped = leave([flat[i] for i in tensor_slots])
-        for i, t in zip(tensor_slots, mapped):
-            flat[i] = t
-        return torch.utils._pytree.tree_unflatten(flat, spec)
+        tensors = [args[i] for i in positions]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            holder: list = []
+            mapped = _GradBridge.apply(compiled, args, positions, holder, *tensors)
+            flat, slots, spec = holder
+            return _map_back(flat, slots, mapped, spec)
+        enter, leave, _ = _ops()
+        flat, spec = _run(compiled, args, positions, enter(tensors))
+        slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
+        return _map_back(flat, slots, leave([flat[i] for i in slots]), spec)
 
-    call._boxed_call = True  # type: ignore[attr-defined]
     return call
 
 
 def cpu_example_inputs(example_inputs: Sequence[Any], fake_mode) -> list:
-    return [_cpu_fake(v, fake_mode) for v in example_inputs]
+    return [_cpu_fake(v, fake_mode, keep_grad=True) for v in example_inputs]
