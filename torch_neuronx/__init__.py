@@ -22,6 +22,7 @@ import os as _os  # noqa: E402
 import torch  # noqa: E402,F401
 
 from torch_neuronx import _registration  # noqa: E402
+from torch_neuronx import compile as _compile  # noqa: E402,F401  (notes the user's Inductor cache dir)
 
 __version__ = "0.1.0"
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 import torch_neuronx
+import torch_neuronx.compile
 from torch_neuronx.compile import cache as neff_cache
 
 # Bump when the host code we generate changes for the same graph.
@@ -37,18 +38,20 @@ def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, An
 
 @contextlib.contextmanager
 def inductor_settings():
-    """Inductor's working cache under the NEFF cache directory; its FX graph cache off when
-    the NEFF cache is disabled (so a disabled cache really compiles)."""
+    """Inductor's working cache under the NEFF cache directory (unless the user chose one);
+    its FX graph cache off when the NEFF cache is disabled, so a disabled cache really compiles."""
     cache = neff_cache.get_cache()
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if previous is None and cache.enabled:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache.directory, "inductor")
-    try:
-        with torch._inductor.config.patch(fx_graph_cache=cache.enabled):
-            yield
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if not torch_neuronx.compile.USER_INDUCTOR_CACHE_DIR and cache.enabled:
+        inductor_dir = os.path.join(cache.directory, "inductor")
+        try:
+            os.makedirs(inductor_dir, exist_ok=True)
+            usable = os.access(inductor_dir, os.W_OK)
+        except OSError:
+            usable = False  # the NEFF cache warns about its directory; Inductor keeps its default
+        if usable:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
+    with torch._inductor.config.patch(fx_graph_cache=cache.enabled):
+        yield
 
 
 def _cache_misses() -> int:

@@ -1,0 +1,411 @@
+"""Compiled mode of the neuron device: ``torch.compile(backend="neuron")`` against Inductor on CPU.
+
+Run time: a small transformer's forward and an MLP training step, each as CPU eager, neuron
+eager, Inductor CPU and compiled neuron, in this one process, interleaved round by round (the
+order rotating), so machine noise and frequency drift hit every variant alike. Reported: the
+median time per call of each, and the median of the per-round ratio compiled neuron / Inductor
+CPU. Compiled neuron runs the code Inductor generates for CPU, so its results must equal
+Inductor CPU's bit for bit; that is checked once per case.
+
+Compile time, each in a fresh process: the neuron backend cold and then warm on one compile
+cache directory, and diffusers' regional compilation (``compile_repeated_blocks``) against
+compiling the whole model, each on its own empty cache.
+
+    python benchmarks/bench_compile.py [--json PATH] [--threads N]
+"""
+import argparse
+import copy
+import gc
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _load_bench_eager():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_eager.py")
+    spec = importlib.util.spec_from_file_location("bench_eager", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Loading bench_eager re-execs this script with its MALLOC_* settings when they are missing
+# (glibc reads them only at startup): the same allocator behaviour as the eager benchmarks.
+# The child processes below inherit them.
+bench_eager = _load_bench_eager()
+
+import torch  # noqa: E402  (autoloads the neuron backend)
+import torch.nn.functional as F  # noqa: E402
+
+from torch_neuronx import neuron_dynamo_backend  # noqa: E402
+
+VARIANTS = ("cpu_eager", "neuron_eager", "inductor_cpu", "neuron_compiled")
+COMPILE_KW = {"fullgraph": True, "dynamic": False}
+CHILD_MARK = "BENCH_COMPILE_RESULT "
+CHILD_TIMEOUT_S = 300
+
+
+class SmallTransformer(torch.nn.Module):
+    """`n_blocks` pre-LN blocks (bench_eager's: SDPA attention, MLP 4x) and a final LayerNorm."""
+
+    def __init__(self, n_blocks=4, d_model=256, nhead=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(bench_eager.PreLNBlock(d_model, nhead) for _ in range(n_blocks))
+        self.ln_f = torch.nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class MLPLoss(torch.nn.Module):
+    """Three Linear layers, `width` wide, and the MSE loss: the compiled part of a training step."""
+
+    def __init__(self, width=512):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = (torch.nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x, y):
+        return F.mse_loss(self.fc3(F.relu(self.fc2(F.relu(self.fc1(x))))), y)
+
+
+def transformer_input():
+    return torch.randn(4, 128, 256, generator=torch.Generator().manual_seed(1))
+
+
+def compile_neuron(module):
+    return torch.compile(module, backend="neuron", **COMPILE_KW)
+
+
+# ---------------------------------------------------------------- run time, in this process
+
+def forward_variants():
+    """Zero-argument callables, one per variant, each returning the output."""
+    torch.manual_seed(0)
+    model = SmallTransformer().eval()
+    x = transformer_input()
+    neuron_model, xn = bench_eager.to_neuron(model), x.to("neuron")
+    inductor = torch.compile(copy.deepcopy(model), backend="inductor", **COMPILE_KW)
+    compiled = compile_neuron(copy.deepcopy(neuron_model))
+    return {
+        "cpu_eager": lambda: model(x),
+        "neuron_eager": lambda: neuron_model(xn),
+        "inductor_cpu": lambda: inductor(x),
+        "neuron_compiled": lambda: compiled(xn),
+    }
+
+
+def training_variants():
+    """One training step per call: zero_grad, compiled (or eager) forward+loss, backward, AdamW step.
+    Every variant starts from the same weights; AdamW is eager everywhere, foreach on both devices
+    (its default on neuron; CPU would otherwise take the per-tensor loop)."""
+    torch.manual_seed(0)
+    base = MLPLoss()
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(64, 512, generator=gen), torch.randn(64, 512, generator=gen)
+
+    def step_fn(device, compile_with):
+        module = copy.deepcopy(base).to(device)
+        model = module if compile_with is None else torch.compile(module, backend=compile_with, **COMPILE_KW)
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-4, foreach=True)
+        xd, yd = x.to(device), y.to(device)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = model(xd, yd)
+            loss.backward()
+            opt.step()
+            return loss.detach(), module
+
+        return step
+
+    return {
+        "cpu_eager": step_fn("cpu", None),
+        "neuron_eager": step_fn("neuron", None),
+        "inductor_cpu": step_fn("cpu", "inductor"),
+        "neuron_compiled": step_fn("neuron", "neuron"),
+    }
+
+
+def _as_cpu(t):
+    return t.detach().to("cpu")
+
+
+def compare(reference, candidate):
+    """(equal, max abs difference) of two tensors, or of losses, grads and weights after one step."""
+    if isinstance(reference, torch.Tensor):
+        pairs = [(reference, candidate)]
+    else:  # (loss, module) of a training step: the grads are still set until the next zero_grad
+        (loss_a, mod_a), (loss_b, mod_b) = reference, candidate
+        pairs = [(loss_a, loss_b)]
+        for (_, pa), (_, pb) in zip(mod_a.named_parameters(), mod_b.named_parameters()):
+            pairs += [(pa.grad, pb.grad), (pa, pb)]
+    equal, diff = True, 0.0
+    for a, b in pairs:
+        a, b = _as_cpu(a), _as_cpu(b)
+        equal &= torch.equal(a, b)
+        diff = max(diff, (a.double() - b.double()).abs().max().item())
+    return equal, diff
+
+
+def measure(name, variants, budget_s, target):
+    first_call_s, outputs = {}, {}
+    for v in VARIANTS:  # first call: compiles the compiled variants
+        start = time.perf_counter()
+        outputs[v] = variants[v]()
+        first_call_s[v] = time.perf_counter() - start
+    equal, diff = compare(outputs["inductor_cpu"], outputs["neuron_compiled"])
+    _, diff_eager = compare(outputs["cpu_eager"], outputs["neuron_compiled"])
+    del outputs
+    print(f"  {name}: compiled (first call) in {first_call_s['inductor_cpu']:.1f} s (Inductor CPU), "
+          f"{first_call_s['neuron_compiled']:.1f} s (neuron)", file=sys.stderr, flush=True)
+
+    fns = {v: (lambda f=variants[v]: f()) for v in VARIANTS}
+    for v in VARIANTS:  # warm-up (allocator caches, lazy init, the optimizer's first step)
+        bench_eager.time_loop(fns[v], (), 3)
+    per_call = max(bench_eager.time_loop(fns[v], (), 3) for v in VARIANTS) / 1e6
+    inner = max(1, round(bench_eager.CHUNK_S / per_call))
+    rounds = max(10, int(budget_s / (len(VARIANTS) * inner * per_call)))
+    samples = {v: [] for v in VARIANTS}
+    gc.collect()
+    for r in range(rounds):
+        order = VARIANTS[r % 4:] + VARIANTS[:r % 4]
+        for v in order if (r // 4) % 2 == 0 else reversed(order):
+            samples[v].append(bench_eager.time_loop(fns[v], (), inner))
+    result = {
+        "name": name,
+        "inner": inner,
+        "rounds": rounds,
+        **{f"{v}_us": statistics.median(samples[v]) for v in VARIANTS},
+        "ratio": statistics.median(n / i for i, n in zip(samples["inductor_cpu"], samples["neuron_compiled"])),
+        "eager_ratio": statistics.median(n / c for c, n in zip(samples["cpu_eager"], samples["neuron_eager"])),
+        "first_call_s": first_call_s,
+        "equal_to_inductor": equal,
+        "max_abs_diff_vs_inductor": diff,
+        "max_abs_diff_vs_cpu_eager": diff_eager,
+        "target": target,
+        "samples": samples,
+    }
+    result["pass"] = result["ratio"] <= target
+    print(f"  {name}: " + " / ".join(f"{result[v + '_us']:.1f}" for v in VARIANTS) + " µs",
+          file=sys.stderr, flush=True)
+    return result
+
+
+# ---------------------------------------------------------------- compile time, in child processes
+
+def _child_transformer():
+    torch.manual_seed(0)
+    return SmallTransformer().eval()
+
+
+def _child_repeated_model():
+    from diffusers.models.modeling_utils import ModelMixin
+
+    class RepeatedBlocksModel(ModelMixin):
+        _repeated_blocks = ["PreLNBlock"]
+
+        def __init__(self, n_blocks=6, d_model=256, nhead=4):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(bench_eager.PreLNBlock(d_model, nhead) for _ in range(n_blocks))
+            self.ln_f = torch.nn.LayerNorm(d_model)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.ln_f(x)
+
+    torch.manual_seed(0)
+    return RepeatedBlocksModel().eval()
+
+
+def run_child(mode):
+    """One compile in this fresh process: the model on neuron, compiled, called once."""
+    if mode == "transformer":
+        model = _child_transformer()
+    else:
+        model = _child_repeated_model()
+    x = transformer_input()
+    with torch.no_grad():
+        expected = model(x)
+        model = model.to("neuron")
+        xn = x.to("neuron")
+        neuron_dynamo_backend.reset_dynamo_metrics()
+        start = time.perf_counter()
+        if mode == "repeated":
+            model.compile_repeated_blocks(backend="neuron", **COMPILE_KW)
+            compiled = model
+        else:
+            compiled = compile_neuron(model)
+        out = compiled(xn)
+        wall_s = time.perf_counter() - start
+    metrics = neuron_dynamo_backend.get_dynamo_metrics()
+    out = out.cpu()
+    print(CHILD_MARK + json.dumps({
+        "mode": mode,
+        "wall_s": wall_s,
+        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "graphs": len(metrics),
+        "caches": [m["cache"] for m in metrics],
+        "fell_back": any(m["fell_back"] for m in metrics),
+        "metrics": metrics,
+        "output_sha256": hashlib.sha256(out.numpy().tobytes()).hexdigest(),
+        "max_abs_diff_vs_cpu_eager": (out - expected).abs().max().item(),
+    }), flush=True)
+
+
+def spawn_child(mode, cache_dir, threads):
+    env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=cache_dir)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the backend keeps Inductor's cache in the NEFF directory
+    cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", mode]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    process_s = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(CHILD_MARK)]
+    if proc.returncode != 0 or not lines:
+        return {"mode": mode, "error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:],
+                "process_s": process_s}
+    result = json.loads(lines[-1][len(CHILD_MARK):])
+    result["process_s"] = process_s
+    return result
+
+
+def compile_time_cases(threads):
+    results = {}
+    cold_warm_dir = tempfile.mkdtemp(prefix="bench_compile_neff_")
+    try:
+        for label in ("cold", "warm"):  # one cache directory: the second process finds the first one's entries
+            results[label] = spawn_child("transformer", cold_warm_dir, threads)
+            _log_child(label, results[label])
+    finally:
+        shutil.rmtree(cold_warm_dir, ignore_errors=True)
+    for label, mode in (("whole", "whole"), ("repeated", "repeated")):
+        cache_dir = tempfile.mkdtemp(prefix=f"bench_compile_{label}_")  # each its own, empty: both cold
+        try:
+            results[label] = spawn_child(mode, cache_dir, threads)
+            _log_child(label, results[label])
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    cold, warm, whole, repeated = (results[k] for k in ("cold", "warm", "whole", "repeated"))
+    if "error" not in cold and "error" not in warm:
+        warm["ratio"] = cold["backend_s"] / max(warm["backend_s"], 1e-9)
+        warm["all_hit"] = bool(warm["caches"]) and all(c == "hit" for c in warm["caches"])
+        warm["same_output_as_cold"] = warm["output_sha256"] == cold["output_sha256"]
+        warm["target"] = 10.0
+        warm["pass"] = warm["ratio"] >= 10.0 and warm["all_hit"]
+    if "error" not in whole and "error" not in repeated:
+        repeated["ratio"] = repeated["wall_s"] / whole["wall_s"]
+        repeated["target"] = 0.5
+        repeated["pass"] = repeated["ratio"] <= 0.5
+    return results
+
+
+def _log_child(label, r):
+    if "error" in r:
+        print(f"  {label} compile: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
+    else:
+        print(f"  {label} compile: backend {r['backend_s']:.2f} s, compile + first call {r['wall_s']:.2f} s, "
+              f"{r['graphs']} graph(s) {r['caches']}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- report
+
+def markdown(results, compile_results, threads, load):
+    lines = [
+        f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
+        f"load average {load:.1f} at start; median µs per call; the ratio is the median of interleaved "
+        "per-round pairs (compiled neuron / Inductor CPU).",
+        "",
+        "| case | CPU eager µs | neuron eager µs | Inductor CPU µs | neuron compiled µs | ratio vs Inductor "
+        "| target | result |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['name']} | {r['cpu_eager_us']:.1f} | {r['neuron_eager_us']:.1f} | {r['inductor_cpu_us']:.1f} | "
+            f"{r['neuron_compiled_us']:.1f} | {r['ratio']:.3f} | ≤ {r['target']:.2f}x | "
+            f"{'PASS' if r['pass'] else 'MISS'} |")
+        if not r["equal_to_inductor"]:
+            lines.append(f"| ⚠ {r['name']}: compiled neuron ≠ Inductor CPU (max abs diff "
+                         f"{r['max_abs_diff_vs_inductor']:.3g}) | | | | | | torch.equal | WARN |")
+    lines += [
+        "",
+        "Compile time of the neuron backend, each in a fresh process: backend s = Σ over graphs of "
+        "fx_passes + lower + compile (get_dynamo_metrics); wall s = compile call + first call.",
+        "",
+        "| case | backend s | wall s | graphs | cache | ratio | target | result |",
+        "|---|---:|---:|---:|---|---:|---|---|",
+    ]
+    rows = (
+        ("cold", "transformer fwd, cold (fresh cache dir)", None),
+        ("warm", "transformer fwd, warm (same cache dir, new process)", "cold / warm backend s"),
+        ("whole", "6 blocks: torch.compile(whole model)", None),
+        ("repeated", "6 blocks: compile_repeated_blocks", "repeated / whole wall s"),
+    )
+    for key, label, ratio_label in rows:
+        r = compile_results[key]
+        if "error" in r:
+            lines.append(f"| {label} | — | — | — | — | — | — | FAILED: {r['error']} |")
+            continue
+        caches = ", ".join(f"{c} ×{r['caches'].count(c)}" for c in sorted(set(r["caches"])))
+        ratio = target = result = "—"
+        if "ratio" in r:
+            ratio = f"{r['ratio']:.1f}x {ratio_label}" if key == "warm" else f"{r['ratio']:.2f}x {ratio_label}"
+            target = "≥ 10x, all 'hit'" if key == "warm" else "≤ 0.50x"
+            result = "PASS" if r["pass"] else "MISS"
+        lines.append(f"| {label} | {r['backend_s']:.2f} | {r['wall_s']:.2f} | {r['graphs']} | {caches} | "
+                     f"{ratio} | {target} | {result} |")
+    warm = compile_results["warm"]
+    if "same_output_as_cold" in warm and not warm["same_output_as_cold"]:
+        lines.append("| ⚠ warm output ≠ cold output | | | | | | bitwise | WARN |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
+    parser.add_argument("--_child", choices=("transformer", "whole", "repeated"), help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+
+    torch.set_num_threads(opts.threads)  # one process, so every variant shares the setting
+    if opts._child:
+        run_child(opts._child)
+        return
+
+    load = os.getloadavg()[0]
+    gc.disable()  # a collection landing inside one variant's loop is noise
+    results = []
+    with torch.no_grad():
+        results.append(measure("transformer fwd (4 pre-LN blocks, b4 s128 d256)", forward_variants(), 10.0, 1.05))
+    gc.collect()
+    results.append(measure("MLP train step (3x Linear 512, b64, AdamW)", training_variants(), 8.0, 1.05))
+    gc.enable()
+    compile_results = compile_time_cases(opts.threads)
+
+    print(markdown(results, compile_results, opts.threads, load))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                    "malloc_env": bench_eager._MALLOC_ENV}
+            json.dump({"meta": meta, "results": results, "compile": compile_results}, f, indent=1)
+    misses = [r["name"] for r in results if not r["pass"]]
+    misses += [k for k, r in compile_results.items() if r.get("pass") is False or "error" in r]
+    warnings = [r["name"] for r in results if not r["equal_to_inductor"]]
+    if misses:
+        print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
+    if warnings:
+        print(f"WARNING: compiled neuron differs from Inductor CPU in: {', '.join(warnings)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

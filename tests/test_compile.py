@@ -1,0 +1,205 @@
+"""torch.compile(backend="neuron"): same results as Inductor on CPU (the same generated code runs
+on the same bytes), TorchNeuron's contract (static shapes, options, fallback), and metrics."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+
+from torch_neuronx import neuron_dynamo_backend as backend
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    torch._dynamo.reset()
+    backend.reset_dynamo_metrics()
+    yield
+    torch._dynamo.reset()
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (u.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for u in self.qkv(self.norm(x)).chunk(3, -1))
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(x)
+
+
+def pair(model):
+    """(Inductor on CPU, neuron compiled) copies of ``model``."""
+    cpu = copy.deepcopy(model)
+    neuron = copy.deepcopy(model).to("neuron")
+    return (torch.compile(cpu, backend="inductor", fullgraph=True, dynamic=False),
+            torch.compile(neuron, backend="neuron", fullgraph=True, dynamic=False), cpu, neuron)
+
+
+def test_forward_matches_inductor_and_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Block(), Block())
+    compiled_cpu, compiled_neuron, _, _ = pair(model)
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        expected = compiled_cpu(x)
+        out = compiled_neuron(x.to("neuron"))
+    assert out.device.type == "neuron"
+    assert torch.equal(out.cpu(), expected)
+    torch.testing.assert_close(out.cpu(), model(x).detach(), rtol=1e-5, atol=1e-5)
+    [m] = backend.get_dynamo_metrics()
+    assert m["cache"] == "miss" and m["graph_node_count"] > 10 and not m["has_collectives"]
+
+
+def test_training_matches_inductor():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(32, 4))
+    compiled_cpu, compiled_neuron, cpu, neuron = pair(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (cpu, neuron)]
+    for step in range(3):
+        x = torch.randn(2, 8, 32)
+        losses = []
+        for compiled, opt, device in zip((compiled_cpu, compiled_neuron), opts, ("cpu", "neuron")):
+            loss = compiled(x.to(device)).square().mean()
+            loss.backward()
+            losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+        assert losses[0] == losses[1], step
+    for p_cpu, p in zip(cpu.parameters(), neuron.parameters()):
+        assert p.device.type == "neuron" and torch.equal(p.detach().cpu(), p_cpu.detach())
+
+
+def test_views_mutation_buffers_and_factories():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+
+        def forward(self, x, acc):
+            acc.add_(x.sum(0))                        # input mutation inside the graph
+            y = self.bn(x)                            # running stats: buffers mutated in the graph
+            ones = torch.ones(x.shape, device=x.device)  # factory with device=x.device
+            return (y + ones)[:, 1:], x.t()           # a view of the input as an output
+
+    torch.manual_seed(0)
+    model = Odd()
+    compiled_cpu, compiled_neuron, cpu, neuron = pair(model)
+    base = torch.randn(6, 8)
+    x_cpu, x_neuron = base[:, ::2], base.to("neuron")[:, ::2]  # non-contiguous view inputs
+    acc_cpu, acc_neuron = torch.zeros(4), torch.zeros(4, device="neuron")
+    version = acc_neuron._version
+    expected = compiled_cpu(x_cpu, acc_cpu)
+    out = compiled_neuron(x_neuron, acc_neuron)
+    assert torch.equal(out[0].detach().cpu(), expected[0].detach())
+    assert torch.equal(out[1].cpu(), expected[1]) and out[1].data_ptr() == x_neuron.data_ptr()
+    assert torch.equal(acc_neuron.cpu(), acc_cpu) and acc_neuron._version > version
+    assert torch.equal(neuron.bn.running_mean.cpu(), cpu.bn.running_mean)
+    assert int(neuron.bn.num_batches_tracked) == 1
+
+
+def test_recompiles_only_for_new_shapes():
+    model = torch.nn.Linear(8, 8).to("neuron")
+    compiled = torch.compile(model, backend="neuron", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(5):  # more "diffusion steps": same shapes, no recompile
+            compiled(torch.randn(2, 8, device="neuron"))
+        compiled(torch.randn(3, 8, device="neuron"))  # a new shape: one new graph, still static
+        compiled(torch.randn(2, 8, device="neuron"))  # seen before: reused
+    metrics = backend.get_dynamo_metrics()
+    assert len(metrics) == 2
+
+
+def test_dynamic_true_is_rejected():
+    compiled = torch.compile(torch.nn.Linear(4, 4).to("neuron"), backend="neuron", dynamic=True)
+    with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):
+        compiled(torch.randn(2, 4, device="neuron"))
+
+
+def test_options_and_mode():
+    model = torch.nn.Linear(4, 4).to("neuron")
+    with pytest.raises(Exception, match=r"unknown options \['bogus'\]; the known options are"):
+        torch.compile(model, backend="neuron", options={"bogus": 1})(torch.randn(2, 4, device="neuron"))
+    torch._dynamo.reset()
+    backend.set_model_name("unet")
+    try:
+        compiled = torch.compile(model, backend="neuron", options={"model_name": "flux", "fallback_execution": False})
+        compiled(torch.randn(2, 4, device="neuron"))
+        with pytest.warns(UserWarning, match="ignores mode='max-autotune'"):
+            torch.compile(torch.nn.Linear(4, 4).to("neuron"), backend="neuron", mode="max-autotune")(
+                torch.randn(2, 4, device="neuron"))
+    finally:
+        backend.set_model_name(None)
+    assert [m["model_name"] for m in backend.get_dynamo_metrics()] == ["flux", "unet"]
+
+
+@pytest.mark.parametrize("fallback", ["1", "0"])
+def test_compile_failure_raises_or_falls_back(monkeypatch, fallback):
+    import torch._inductor.compile_fx as compile_fx_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated compiler crash")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", broken)
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", fallback)
+    model = torch.nn.Linear(4, 4).to("neuron")
+    x = torch.randn(2, 4, device="neuron")
+    compiled = torch.compile(model, backend="neuron", fullgraph=True)
+    if fallback == "1":
+        with pytest.raises(Exception, match="neuron failed to compile graph .*simulated compiler crash"):
+            compiled(x)
+        return
+    with pytest.warns(RuntimeWarning, match="running it eagerly"):
+        out = compiled(x)
+    assert torch.equal(out.detach().cpu(), model(x).detach().cpu())
+    assert backend.get_dynamo_metrics()[0]["fell_back"]
+
+
+def test_graph_breaks():
+    def f(x):
+        x = x * 2
+        print("graph break")  # noqa: T201 - a deliberate graph break
+        return x + 1
+
+    x = torch.randn(4, device="neuron")
+    with pytest.raises(Exception, match="print"):
+        torch.compile(f, backend="neuron", fullgraph=True)(x)
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="neuron", fullgraph=False)(x)
+    assert torch.equal(out.cpu(), x.cpu() * 2 + 1)
+    assert len(backend.get_dynamo_metrics()) == 2
+
+
+def test_repeated_blocks_compile_once_per_class():
+    from diffusers.models.modeling_utils import ModelMixin
+
+    class Tower(ModelMixin):
+        _repeated_blocks = ["Block"]
+
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Tower().to("neuron")
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        expected = model(x.to("neuron")).cpu()
+        model.compile_repeated_blocks(backend="neuron", fullgraph=True, dynamic=False)
+        out = model(x.to("neuron"))
+    assert len(backend.get_dynamo_metrics()) == 1  # four blocks, one compile
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
