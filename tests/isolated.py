@@ -7,10 +7,12 @@ import textwrap
 # Variables that choose the emulated instance: tests start from none of them set.
 TOPOLOGY_VARIABLES = ("TORCH_NEURONX_INSTANCE_TYPE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
                       "NEURON_RT_NUM_CORES", "TORCH_NEURONX_DEVICE_MEMORY")
+# Set in this process by earlier compiles (Inductor records its cache directory in os.environ).
+INHERITED_VARIABLES = TOPOLOGY_VARIABLES + ("TORCHINDUCTOR_CACHE_DIR",)
 
 
 def run(code: str, argv=(), **env) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k not in TOPOLOGY_VARIABLES}
+    environment = {k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}
     environment.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], env=environment,
                           capture_output=True, text=True, timeout=300)

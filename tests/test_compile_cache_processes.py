@@ -66,7 +66,8 @@ def test_cold_then_warm_then_corrupt(tmp_path):
 
 def test_concurrent_compilers_share_one_entry(tmp_path):
     neff = tmp_path / "neff"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_", "TORCH_NEURONX_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NEURON_", "TORCH_NEURONX_", "TORCHINDUCTOR_CACHE_DIR"))}
     env["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(neff)
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(SCRIPT)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]

@@ -31,6 +31,7 @@ import glob
 import hashlib
 import os
 import re
+import shutil
 import struct
 import sys
 import tempfile
@@ -44,6 +45,8 @@ except ImportError:  # not POSIX: compile without the cross-process lock
     fcntl = None
 
 MAGIC = b"NXNEFF01"
+# Where the compile backend keeps Inductor's own cache (generated code, built libraries).
+INDUCTOR_SUBDIR = "inductor"
 _HEADER = struct.Struct("<8sQ32s")  # magic, payload length (little-endian u64), sha256(payload)
 _KEY_RE = re.compile(r"[0-9A-Za-z_-]{4,128}")  # keys become file names: no separators, no dots
 COUNTER_NAMES = ("InMemoryHits", "InMemoryMisses", "PersistentHits", "PersistentMisses",
@@ -304,7 +307,15 @@ class NeffCache:
         for shard in glob.glob(os.path.join(root, "??", "??")) + glob.glob(os.path.join(root, "??")):
             with contextlib.suppress(OSError):
                 os.rmdir(shard)  # inner shards first; fails, as intended, if not empty
+        # Inductor's working cache, kept here by the compile backend: useless without the entries.
+        shutil.rmtree(os.path.join(self.directory, INDUCTOR_SUBDIR), ignore_errors=True)
         return removed
+
+    def inductor_size(self) -> int:
+        """Bytes of Inductor's working cache kept beside the entries."""
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in
+                   os.walk(os.path.join(self.directory, INDUCTOR_SUBDIR)) for f in files
+                   if os.path.isfile(os.path.join(d, f)))
 
 
 _instance: NeffCache | None = None
@@ -367,6 +378,10 @@ def main(argv=None) -> int:
                 mtime = datetime.datetime.fromtimestamp(e.mtime).isoformat(timespec="seconds")
                 print(f"{e.key}  {e.size:>12}  {mtime}")
         print(f"total {total} bytes ({_human(total)}) in {len(entries)} entries, {cache.directory}")
+        inductor = cache.inductor_size()
+        if inductor:
+            print(f"plus {inductor} bytes ({_human(inductor)}) of Inductor's working cache in "
+                  f"{os.path.join(cache.directory, INDUCTOR_SUBDIR)} (removed by clear)")
         return 0
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)

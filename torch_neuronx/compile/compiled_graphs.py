@@ -42,7 +42,7 @@ def inductor_settings():
     its FX graph cache off when the NEFF cache is disabled, so a disabled cache really compiles."""
     cache = neff_cache.get_cache()
     if not torch_neuronx.compile.USER_INDUCTOR_CACHE_DIR and cache.enabled:
-        inductor_dir = os.path.join(cache.directory, "inductor")
+        inductor_dir = os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)
         try:
             os.makedirs(inductor_dir, exist_ok=True)
             usable = os.access(inductor_dir, os.W_OK)

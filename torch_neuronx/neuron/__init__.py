@@ -129,4 +129,8 @@ def __getattr__(name):
         from torch_neuronx.neuron import random
 
         return random.default_generators
+    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):  # imported on use: it loads torch._dynamo
+        from torch_neuronx import neuron_dynamo_backend
+
+        return getattr(neuron_dynamo_backend, name)
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
