@@ -212,17 +212,15 @@ def _child_repeated_model():
     from diffusers.models.modeling_utils import ModelMixin
 
     class RepeatedBlocksModel(ModelMixin):
+        """Six identical blocks; diffusers compiles each class named in _repeated_blocks once."""
         _repeated_blocks = ["PreLNBlock"]
 
-        def __init__(self, n_blocks=6, d_model=256, nhead=4):
+        def __init__(self):
             super().__init__()
-            self.blocks = torch.nn.ModuleList(bench_eager.PreLNBlock(d_model, nhead) for _ in range(n_blocks))
-            self.ln_f = torch.nn.LayerNorm(d_model)
+            self.body = SmallTransformer(n_blocks=6)
 
         def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return self.ln_f(x)
+            return self.body(x)
 
     torch.manual_seed(0)
     return RepeatedBlocksModel().eval()

@@ -35,16 +35,5 @@ else:
 
 is_registered = _registration.is_registered
 
-# TorchNeuron's torch_neuronx.memory_* aliases of torch.neuron's memory API.
-from torch_neuronx.neuron.memory import (  # noqa: E402,F401
-    empty_cache,
-    max_memory_allocated,
-    max_memory_reserved,
-    mem_get_info,
-    memory_allocated,
-    memory_reserved,
-    memory_stats,
-    memory_summary,
-    reset_accumulated_memory_stats,
-    reset_peak_memory_stats,
-)
+# TorchNeuron's torch_neuronx.memory_* aliases: the whole torch.neuron.memory API.
+from torch_neuronx.neuron.memory import *  # noqa: E402,F401,F403
