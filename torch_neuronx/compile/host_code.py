@@ -139,11 +139,21 @@ def run_graph_on_neuron(compiled: Callable) -> Callable:
             mapped = _GradBridge.apply(compiled, args, positions, holder, *tensors)
             flat, slots, spec = holder
             return _map_back(flat, slots, mapped, spec)
-        enter, leave, _ = _ops()
-        flat, spec = _run(compiled, args, positions, enter(tensors))
+        if len(positions) == len(args):  # the usual graph: tensors in, a list/tuple of tensors out
+            try:
+                outputs = compiled(*enter(tensors))
+            except BaseException:
+                abort()
+                raise
+            if type(outputs) in (list, tuple) and all(isinstance(o, torch.Tensor) for o in outputs):
+                return type(outputs)(leave(list(outputs)))
+            flat, spec = torch.utils._pytree.tree_flatten(outputs)
+        else:
+            flat, spec = _run(compiled, args, positions, enter(tensors))
         slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
         return _map_back(flat, slots, leave([flat[i] for i in slots]), spec)
 
+    enter, leave, abort = _ops()
     return call
 
 
