@@ -204,3 +204,18 @@ def test_repeated_blocks_compile_once_per_class():
         out = model(x.to("neuron"))
     assert len(backend.get_dynamo_metrics()) == 1  # four blocks, one compile
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_runtime_failure_is_a_neff_execution_error():
+    from torch_neuronx.compile import host_code
+
+    def broken(*args):
+        raise ValueError("simulated kernel failure")
+
+    run = host_code.run_graph_on_neuron(broken)  # the wrapper every compiled graph gets
+    x = torch.randn(2, 4, device="neuron")
+    with pytest.raises(backend.NEFFExecutionError, match="simulated kernel failure") as info:
+        run(x)
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(RuntimeError, match="without _enter_compiled_call"):  # the alias frame was popped
+        torch.ops.neuron._exit_compiled_call([])

@@ -25,6 +25,7 @@ import torch
 import torch._dynamo
 
 from torch_neuronx.compile import compiled_graphs, host_code
+from torch_neuronx.compile.host_code import NEFFExecutionError  # noqa: F401  (raised by compiled graphs)
 
 __all__ = ["NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
            "get_model_name", "neuron_backend", "reset_dynamo_metrics", "set_model_name"]
@@ -38,10 +39,6 @@ torch._dynamo.config.automatic_dynamic_shapes = False
 
 class NEFFCompilationError(RuntimeError):
     """A graph could not be compiled (and fallback execution is disabled)."""
-
-
-class NEFFExecutionError(RuntimeError):
-    """A compiled graph failed while running."""
 
 
 @dataclasses.dataclass

@@ -68,18 +68,30 @@ def _ops():
     return ops._enter_compiled_call, ops._exit_compiled_call, ops._abort_compiled_call
 
 
-def _run(compiled: Callable, args: Sequence[Any], positions: list[int], aliases: list) -> tuple[list, Any]:
-    """Call ``compiled`` with ``aliases`` in place of the tensor arguments; returns (flat
-    outputs, their tree spec). Pops the alias frame if the call fails."""
-    cpu_args = list(args)
-    for i, alias in zip(positions, aliases):
-        cpu_args[i] = alias
+class NEFFExecutionError(RuntimeError):
+    """A compiled graph failed while running (TorchNeuron's name; the cause is chained)."""
+
+
+def _call(compiled: Callable, cpu_args: Sequence[Any]) -> Any:
+    """Run the compiled graph on CPU aliases; on failure pop the alias frame and say which part failed."""
     try:
-        outputs = compiled(*cpu_args)
+        return compiled(*cpu_args)
+    except Exception as error:
+        _ops()[2]()
+        raise NEFFExecutionError(f"a neuron compiled graph failed while running: {type(error).__name__}: "
+                                 f"{error}") from error
     except BaseException:
         _ops()[2]()
         raise
-    return torch.utils._pytree.tree_flatten(outputs)
+
+
+def _run(compiled: Callable, args: Sequence[Any], positions: list[int], aliases: list) -> tuple[list, Any]:
+    """Call ``compiled`` with ``aliases`` in place of the tensor arguments; returns (flat
+    outputs, their tree spec)."""
+    cpu_args = list(args)
+    for i, alias in zip(positions, aliases):
+        cpu_args[i] = alias
+    return torch.utils._pytree.tree_flatten(_call(compiled, cpu_args))
 
 
 def _map_back(flat: list, slots: list[int], mapped: Sequence[torch.Tensor], spec) -> Any:
@@ -140,11 +152,7 @@ def run_graph_on_neuron(compiled: Callable) -> Callable:
             flat, slots, spec = holder
             return _map_back(flat, slots, mapped, spec)
         if len(positions) == len(args):  # the usual graph: tensors in, a list/tuple of tensors out
-            try:
-                outputs = compiled(*enter(tensors))
-            except BaseException:
-                abort()
-                raise
+            outputs = _call(compiled, enter(tensors))
             if type(outputs) in (list, tuple) and all(isinstance(o, torch.Tensor) for o in outputs):
                 return type(outputs)(leave(list(outputs)))
             flat, spec = torch.utils._pytree.tree_flatten(outputs)
@@ -153,7 +161,7 @@ def run_graph_on_neuron(compiled: Callable) -> Callable:
         slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
         return _map_back(flat, slots, leave([flat[i] for i in slots]), spec)
 
-    enter, leave, abort = _ops()
+    enter, leave, _ = _ops()
     return call
 
 
