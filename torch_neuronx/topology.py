@@ -239,7 +239,3 @@ def current() -> Topology:
         raise _error
     assert _current is not None
     return _current
-
-
-def visible_core_count() -> int:
-    return len(current().visible_cores)

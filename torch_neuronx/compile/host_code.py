@@ -57,12 +57,6 @@ def rewrite_to_cpu(gm: torch.fx.GraphModule, fake_mode) -> None:
     gm.recompile()
 
 
-def has_neuron_values(gm: torch.fx.GraphModule) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.device.type == NEURON
-               for node in gm.graph.nodes
-               for v in torch.utils._pytree.tree_leaves(node.meta.get("val")))
-
-
 def _ops():
     ops = torch.ops.neuron
     return ops._enter_compiled_call, ops._exit_compiled_call, ops._abort_compiled_call
