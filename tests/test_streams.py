@@ -51,6 +51,8 @@ def test_wait_stream_and_events_order_work():
         x = torch.arange(6.0, device="neuron").reshape(2, 3) * 3
         done = producer.record_event()
     assert isinstance(done, torch.neuron.Event) and done.query()
+    other = torch.neuron.Stream(device=2).record_event()  # on another device than the current one
+    assert other.device == torch.device("neuron:2")
     consumer.wait_event(done)
     consumer.wait_stream(producer)
     with torch.neuron.stream(consumer):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from torch_neuronx.neuron._device import _get_device_index, current_device
+from torch_neuronx.neuron._device import device as _device_scope
 
 __all__ = ["Event", "Stream", "StreamContext", "current_stream", "default_stream", "set_stream", "stream"]
 
@@ -48,7 +49,9 @@ class Stream(torch.Stream):
 
     def record_event(self, event: "Event | None" = None) -> "Event":
         """Record ``event`` (a new one if None) on this stream and return it."""
-        event = Event() if event is None else event
+        if event is None:
+            with _device_scope(self.device_index):  # an event belongs to the device current at creation
+                event = Event()
         event.record(self)
         return event
 
