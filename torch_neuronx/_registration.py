@@ -91,6 +91,9 @@ def register(on_conflict: str = "raise") -> bool:
     # Trainium computes in bfloat16: make it autocast's default dtype on neuron.
     torch.set_autocast_dtype(BACKEND_NAME, torch.bfloat16)
     neuron_module._install_fork_handler()
+    from torch_neuronx import distributed
+
+    distributed.register()
     _registered = True
     return True
 
@@ -115,6 +118,8 @@ def apply_topology() -> None:
         return
     torch.ops.neuron._set_config_error("")
     torch.ops.neuron._set_device_count(len(topo.visible_cores))
+    if torch.ops.neuron._current_device() >= len(topo.visible_cores):
+        torch.ops.neuron._set_device(0)  # fewer devices now: the old index may not exist
     torch.ops.neuron._set_instance_description(topo.describe())
     for index, core in enumerate(topo.visible_cores):
         torch.ops.neuron._set_device_memory(index, topo.device_memory, core)

@@ -1,0 +1,56 @@
+"""The ``neuron`` c10d backend (TorchNeuron's ProcessGroupNeuron), built on Gloo.
+
+``dist.init_process_group(backend="neuron")`` (or no backend, when neuron is the accelerator)
+creates a Gloo process group for neuron and CPU tensors. torch's c10d ops for neuron tensors run
+through the core's zero-copy fallback (``route_c10d_ops_to_fallback``), so Gloo reads and writes
+the neuron memory itself. As on the real runtime, a process launched by torchrun takes the core of
+its LOCAL_RANK: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), so each process
+sees one device, ``neuron:0``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+BACKEND_NAME = "neuron"
+_bound = False
+
+
+def _bind_local_core() -> None:
+    """Make this process see the core of its LOCAL_RANK (once, before the runtime initializes)."""
+    global _bound
+    if _bound or "LOCAL_RANK" not in os.environ or "NEURON_RT_VISIBLE_CORES" in os.environ:
+        _bound = True
+        return
+    from torch_neuronx import _registration, topology
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    topo = topology.current()
+    if local_world > topo.logical_cores:
+        raise RuntimeError(
+            f"torchrun started {local_world} processes on this node, but {topo.describe()} has "
+            f"{topo.logical_cores} logical NeuronCores (one per process). Use --nproc_per_node={topo.logical_cores} "
+            f"or fewer, or a larger instance (TORCH_NEURONX_INSTANCE_TYPE=trn2.48xlarge).")
+    if torch.ops.neuron._is_initialized():
+        raise RuntimeError(
+            "The neuron runtime was initialized before init_process_group(backend='neuron'): this process can "
+            f"no longer be bound to NeuronCore {local_rank}. Create neuron tensors after init_process_group, "
+            "or set NEURON_RT_VISIBLE_CORES yourself.")
+    os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
+    _registration.apply_topology()
+    _bound = True
+
+
+def _create_backend(store, rank: int, world_size: int, timeout):
+    _bind_local_core()
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def register() -> None:
+    """Register ``neuron`` with c10d for neuron and CPU tensors (idempotent)."""
+    if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=[BACKEND_NAME, "cpu"])
