@@ -3,6 +3,7 @@
 #include "dispatch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 
 namespace neuron {
@@ -104,7 +105,7 @@ namespace {
 
 // Registers the fallback as the PrivateUse1 kernel of every op of `ns` with a
 // CPU kernel that `wanted` selects (once per process); returns how many.
-template <typename Wanted>
+template <void (*Kernel)(const c10::OperatorHandle&, torch::jit::Stack*) = &neuron_fallback, typename Wanted>
 int64_t route_to_fallback(const char* ns, Wanted wanted) {
   auto* library = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   const std::string prefix = std::string(ns) + "::";
@@ -115,10 +116,28 @@ int64_t route_to_fallback(const char* ns, Wanted wanted) {
     auto op = dispatcher.findOp(name);
     if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) || !wanted(*op)) continue;
     const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<Kernel>());
     ++routed;
   }
   return routed;
+}
+
+// A group made by init_process_group() without a backend maps only the
+// accelerator (neuron) to a backend. The fallback runs collectives through the
+// CPU kernels, which ask for the CPU backend: give CPU the group's neuron
+// backend (Gloo), which is what serves neuron tensors anyway.
+void c10d_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t begin = stack->size() - arguments.size();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    if (!v.isCustomClass() || arguments[i].type()->str() != "__torch__.torch.classes.c10d.ProcessGroup") continue;
+    auto group = v.toCustomClass<c10d::ProcessGroup>();
+    if (!group->hasBackendForDeviceType(c10::DeviceType::CPU) && group->hasBackendForDeviceType(kNeuron)) {
+      group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, group->getBackend(kNeuron));
+    }
+  }
+  neuron_fallback(op, stack);
 }
 
 struct SilentWarnings final : c10::WarningHandler {
@@ -152,7 +171,7 @@ int64_t route_c10d_ops_to_fallback() {
   static const int64_t routed = [] {
     SilentWarnings silent;  // replacing a kernel warns "Overriding a previously registered kernel"
     c10::WarningUtils::WarningHandlerGuard guard(&silent);
-    return route_to_fallback("c10d", [](const c10::OperatorHandle& op) {
+    return route_to_fallback<&c10d_fallback>("c10d", [](const c10::OperatorHandle& op) {
       return op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1);
     });
   }();

@@ -3,7 +3,8 @@
 ``dist.init_process_group(backend="neuron")`` (or no backend, when neuron is the accelerator)
 creates a Gloo process group for neuron and CPU tensors. torch's c10d ops for neuron tensors run
 through the core's zero-copy fallback (``route_c10d_ops_to_fallback``), so Gloo reads and writes
-the neuron memory itself. As on the real runtime, a process launched by torchrun takes the core of
+the neuron memory itself; a group made without a backend argument gets its neuron backend mapped
+for CPU too on first use (``c10d_fallback``). As on the real runtime, a process launched by torchrun takes the core of
 its LOCAL_RANK: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), so each process
 sees one device, ``neuron:0``.
 """

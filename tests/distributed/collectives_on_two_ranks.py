@@ -1,8 +1,9 @@
-"""Run under torchrun with 2 processes: every rank binds to its own core and the collectives of the
+"""Run under torchrun with 2 processes (PG_BACKEND: "neuron", or empty for no backend argument): every rank binds to its own core and the collectives of the
 `neuron` backend work on neuron tensors (and CPU tensors of the same group). Used by
 tests/test_distributed.py."""
 import os, torch, torch.distributed as dist
-dist.init_process_group("neuron")
+backend = os.environ.get("PG_BACKEND", "neuron")
+dist.init_process_group(backend or None)
 rank, world = dist.get_rank(), dist.get_world_size()
 local = int(os.environ["LOCAL_RANK"])
 assert torch.neuron.device_count() == 1 and torch.neuron.get_device_properties(0).core_id == local
