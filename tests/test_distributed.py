@@ -9,16 +9,14 @@ HERE = os.path.dirname(__file__)
 
 
 @pytest.mark.parametrize("backend, reported", [("neuron", "neuron"), ("", "undefined")])
-def test_collectives_across_two_ranks_under_torchrun(backend, reported):
+def test_collectives_across_two_ranks_under_torchrun(tmp_path, backend, reported):
     # backend "": init_process_group() without one, as when neuron is the accelerator.
     script = os.path.join(HERE, "distributed", "collectives_on_two_ranks.py")
     r = run(f"import sys, runpy; sys.argv = ['torchrun', '--nproc_per_node=2', '--rdzv-endpoint=localhost:0', "
             f"'--rdzv-backend=c10d', {script!r}]; runpy.run_module('torch.distributed.run', run_name='__main__')",
-            PG_BACKEND=backend)
+            PG_BACKEND=backend, RESULT_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    ranks = sorted(line.split()[1:] for line in r.stdout.replace("RANK_OK", "\nRANK_OK").splitlines()
-                   if line.startswith("RANK_OK"))
-    assert ranks == [["0", reported], ["1", reported]]
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == [f"0 {reported}", f"1 {reported}"]
 
 
 def test_more_ranks_than_cores_is_a_clear_error():

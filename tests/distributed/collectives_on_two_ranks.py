@@ -25,5 +25,6 @@ assert a2a.cpu().tolist() == [float(rank), 10.0 + rank], a2a
 work = dist.all_reduce(torch.ones(2, device=dev), async_op=True); work.wait()
 c = torch.ones(2); dist.all_reduce(c); assert c.tolist() == [2.0, 2.0]   # CPU tensors, same group
 dist.barrier()
-print("RANK_OK", rank, dist.get_backend(), flush=True)
+with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as f:  # not stdout: ranks interleave
+    f.write(f"{rank} {dist.get_backend()}")
 dist.destroy_process_group()
