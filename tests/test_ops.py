@@ -82,14 +82,14 @@ def test_out_resizes_and_reallocates():
 
 
 def test_out_resize_memory_is_accounted():
-    before = torch.ops.neuron._memory_stats(0)[0]
+    before = torch.neuron.memory_allocated(0)
     out = torch.empty(0, device=N)
     ones = torch.ones(1000, device=N)
     torch.add(ones, 1, out=out)
-    after = torch.ops.neuron._memory_stats(0)[0]
+    after = torch.neuron.memory_allocated(0)
     assert after - before == 8000  # 1000 float32 ones + 1000 float32 out
     del out
-    assert torch.ops.neuron._memory_stats(0)[0] - before == 4000
+    assert torch.neuron.memory_allocated(0) - before == 4000
 
 
 def test_tensorlist_ops():

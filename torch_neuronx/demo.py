@@ -64,8 +64,8 @@ def main():
     print(f"loss on cpu:    {' '.join(f'{v:.4f}' for v in reference_losses)}")
     print(f"max |neuron - cpu| of the logits: {diff:.3g}")
     print(f"time: neuron {neuron_seconds:.3f} s, cpu {cpu_seconds:.3f} s")
-    print(f"neuron:0 memory allocated: {torch.ops.neuron._memory_stats(0)[0] / 2**20:.2f} MiB "
-          f"(peak {torch.ops.neuron._memory_stats(0)[1] / 2**20:.2f} MiB)")
+    print(f"neuron:0 memory allocated: {torch.neuron.memory_allocated(0) / 2**20:.2f} MiB "
+          f"(peak {torch.neuron.max_memory_allocated(0) / 2**20:.2f} MiB)")
     if diff > 1e-4:
         raise SystemExit("neuron and cpu disagree")
 
