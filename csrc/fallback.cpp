@@ -135,6 +135,9 @@ void c10d_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     auto group = v.toCustomClass<c10d::ProcessGroup>();
     if (!group->hasBackendForDeviceType(c10::DeviceType::CPU) && group->hasBackendForDeviceType(kNeuron)) {
       group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, group->getBackend(kNeuron));
+      // torch set GLOO as the default type of a no-backend group, which has only ours:
+      // without this, destroy_process_group warns "No backend of type 1 found".
+      group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
     }
   }
   neuron_fallback(op, stack);

@@ -7,6 +7,13 @@ the neuron memory itself; a group made without a backend argument gets its neuro
 for CPU too on first use (``c10d_fallback``). As on the real runtime, a process launched by torchrun takes the core of
 its LOCAL_RANK: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), so each process
 sees one device, ``neuron:0``.
+
+Gloo aborts a process whose peer sends a tensor of another size, and hangs or corrupts nothing
+visibly when ranks call different collectives. So each neuron group checks, before every
+collective, that all ranks run the same one on the same shapes and dtypes (torch's own
+ProcessGroupWrapper, the TORCH_DISTRIBUTED_DEBUG=DETAIL check) and raises naming both ranks'
+calls. That costs one small exchange per collective; ``TORCH_NEURONX_COLLECTIVE_CHECKS=0``
+turns it off.
 """
 from __future__ import annotations
 
@@ -16,7 +23,17 @@ import torch
 import torch.distributed as dist
 
 BACKEND_NAME = "neuron"
+CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
 _bound = False
+
+
+def collective_checks_enabled() -> bool:
+    """Whether neuron groups check that all ranks call the same collective (default: yes)."""
+    value = os.environ.get(CHECKS_ENV, "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise ValueError(f"{CHECKS_ENV}={value!r} is not a boolean: use 1 (check every collective, the default) "
+                         "or 0 (no checks, as plain Gloo)")
+    return value in ("1", "true", "yes", "on")
 
 
 def _bind_local_core() -> None:
@@ -43,11 +60,20 @@ def _bind_local_core() -> None:
     os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
     _registration.apply_topology()
     _bound = True
+    # Initialize now, bound: DeviceMesh otherwise calls set_device(LOCAL_RANK) on an
+    # uninitialized device, and this process sees only neuron:0.
+    torch.neuron.init()
 
 
 def _create_backend(store, rank: int, world_size: int, timeout):
     _bind_local_core()
-    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every backend itself.
+    if not collective_checks_enabled() or dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        return gloo
+    from torch.distributed.distributed_c10d import _create_process_group_wrapper
+
+    return _create_process_group_wrapper(gloo, "neuron", store, rank, world_size, timeout)
 
 
 def register() -> None:
