@@ -8,6 +8,7 @@
 #include "neuron.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 
 #include <chrono>
 
@@ -88,3 +89,21 @@ double event_elapsed_ms(void* start, void* end) {
 }
 
 }  // namespace neuron
+
+// DDP's reducer times forward, backward and communication with a timer per
+// device type (and warns for types without one). Host timestamps are the
+// truth here, as for events.
+namespace c10d {
+namespace {
+class NeuronTimer final : public Timer {
+ public:
+  explicit NeuronTimer(c10::Device) {}
+  std::optional<int64_t> measureDifference(Event start, Event end) override {
+    const auto from = getTimestamp(start), to = getTimestamp(end);
+    if (!from || !to || *to < *from) return std::nullopt;
+    return *to - *from;
+  }
+};
+}  // namespace
+C10_REGISTER_TYPED_CLASS(TimerRegistry, c10::kPrivateUse1, NeuronTimer);
+}  // namespace c10d

@@ -1,22 +1,53 @@
-"""The `neuron` process group under torchrun (the rest of issue 5 builds on this)."""
+"""The `neuron` process group: torchrun launches of the scripts in tests/distributed/, each
+comparing neuron results with Gloo on CPU or with one CPU process (the oracle), and the ways a
+group fails."""
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
-from isolated import run
+from isolated import INHERITED_VARIABLES, run
 
 HERE = os.path.dirname(__file__)
 
 
-@pytest.mark.parametrize("backend, reported", [("neuron", "neuron"), ("", "undefined")])
-def test_collectives_across_two_ranks_under_torchrun(tmp_path, backend, reported):
+def torchrun(script, ranks, result_dir, **env):
+    """Run tests/distributed/<script> on `ranks` processes; each rank's report, sorted by rank."""
+    path = os.path.join(HERE, "distributed", script)
+    r = run(f"import sys, runpy; sys.argv = ['torchrun', '--nproc_per_node={ranks}', '--rdzv-endpoint=localhost:0', "
+            f"'--rdzv-backend=c10d', {path!r}]; runpy.run_module('torch.distributed.run', run_name='__main__')",
+            RESULT_DIR=str(result_dir), **env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return sorted(p.read_text() for p in result_dir.glob("rank*.txt"))
+
+
+COLLECTIVE_CHECKS = 35  # what tests/distributed/collectives.py checks on each rank (one more with a subgroup's rank)
+
+
+@pytest.mark.parametrize("ranks, backend, reported", [(2, "neuron", "neuron"), (2, "", "undefined"),
+                                                       (4, "neuron", "neuron")])
+def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported):
     # backend "": init_process_group() without one, as when neuron is the accelerator.
-    script = os.path.join(HERE, "distributed", "collectives_on_two_ranks.py")
-    r = run(f"import sys, runpy; sys.argv = ['torchrun', '--nproc_per_node=2', '--rdzv-endpoint=localhost:0', "
-            f"'--rdzv-backend=c10d', {script!r}]; runpy.run_module('torch.distributed.run', run_name='__main__')",
-            PG_BACKEND=backend, RESULT_DIR=str(tmp_path))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == [f"0 {reported}", f"1 {reported}"]
+    reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend)
+    in_pair = [COLLECTIVE_CHECKS if rank < 2 else COLLECTIVE_CHECKS - 1 for rank in range(ranks)]
+    assert reports == [f"{rank} {reported} {n}" for rank, n in enumerate(in_pair)]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_dtensor_tensor_parallel_ddp_and_fsdp2_equal_one_cpu_process(tmp_path, ranks):
+    assert torchrun("parallel_training.py", ranks, tmp_path) == [f"{rank} 23" for rank in range(ranks)]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_diffusers_tensor_parallel_both_paths_equal_the_unsharded_model(tmp_path, ranks):
+    results = tmp_path / "results"
+    results.mkdir()
+    reports = torchrun("diffusers_tensor_parallel.py", ranks, results, MODEL_DIR=str(tmp_path / "flux2"))
+    assert reports == [f"{rank} 2" for rank in range(ranks)]
 
 
 def test_more_ranks_than_cores_is_a_clear_error():
@@ -30,3 +61,90 @@ def test_more_ranks_than_cores_is_a_clear_error():
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "torchrun started 5 processes on this node, but an emulated trn2.3xlarge (LNC=2) has 4" in r.stdout
+
+
+def test_a_runtime_initialized_before_the_group_is_a_clear_error():
+    r = run("""
+        import os, torch, torch.distributed as dist
+        torch.ones(1, device="neuron")
+        os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", RANK="0", WORLD_SIZE="1")
+        try:
+            dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        except Exception as error:
+            print(error)
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "initialized before init_process_group(backend='neuron')" in r.stdout, r.stdout
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def failing_group(failure, ranks=(0, 1), **env):
+    """Start the given ranks of tests/distributed/failing_ranks.py; {rank: (error, seconds)}."""
+    environment = {k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}
+    environment.update(FAILURE=failure, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(_free_port()), **env)
+    script = os.path.join(HERE, "distributed", "failing_ranks.py")
+    started = time.monotonic()
+    processes = [subprocess.Popen([sys.executable, script], env=dict(environment, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]
+    outcomes = {}
+    for p in processes:
+        out, err = p.communicate(timeout=120)
+        for line in out.splitlines():
+            if line.startswith("{"):
+                report = json.loads(line)
+                outcomes[report["rank"]] = (report["error"] or "", report["seconds"], err)
+    return outcomes, time.monotonic() - started
+
+
+def test_a_dead_peer_fails_the_survivor_within_the_timeout():
+    outcomes, _ = failing_group("dead_peer")
+    assert list(outcomes) == [0], outcomes  # rank 1 exited without a word
+    error, seconds, stderr = outcomes[0]
+    assert error.startswith("RuntimeError") and "1" in error, (error, stderr[-2000:])
+    assert any(s in error for s in ("failed to pass monitoredBarrier", "Connection closed by peer",
+                                    "Connection reset by peer")), error
+    assert seconds < 5 + 20, seconds  # the group's timeout, plus start-up on a loaded machine
+
+
+def test_a_rank_that_never_joins_fails_the_others_within_the_timeout():
+    outcomes, _ = failing_group("never_joins", ranks=(0,))
+    error, seconds, stderr = outcomes[0]
+    assert "DistStoreError" in error and "1/2 clients joined" in error, (error, stderr[-2000:])
+    assert 5 <= seconds < 5 + 20, seconds
+
+
+@pytest.mark.parametrize("failure, expected", [
+    ("shape_mismatch", ["TensorShape=[4]", "TensorShape=[5]"]),
+    ("op_mismatch", ["OpType=ALLREDUCE", "OpType=BROADCAST"]),
+])
+def test_ranks_that_disagree_on_a_collective_both_raise_naming_both_calls(failure, expected):
+    outcomes, _ = failing_group(failure)
+    assert sorted(outcomes) == [0, 1], outcomes
+    for rank, (error, _, stderr) in outcomes.items():
+        assert "Detected mismatch between collectives on ranks" in error, (rank, error, stderr[-2000:])
+        assert all(e in error for e in expected), (rank, error)
+
+
+def test_collective_checks_are_on_by_default_can_be_turned_off_and_reject_a_bad_value():
+    code = """
+        import os, torch, torch.distributed as dist
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        print(type(dist.group.WORLD._get_backend(torch.device("neuron"))).__name__)
+        os.environ["TORCH_NEURONX_COLLECTIVE_CHECKS"] = "maybe"
+        try:
+            dist.new_group(backend="neuron")
+        except ValueError as error:
+            print(error)
+    """
+    default, off = run(code), run(code, TORCH_NEURONX_COLLECTIVE_CHECKS="0")
+    for r in (default, off):
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "TORCH_NEURONX_COLLECTIVE_CHECKS='maybe' is not a boolean" in r.stdout.splitlines()[1], r.stdout
+    assert default.stdout.splitlines()[0] == "_ProcessGroupWrapper"
+    assert off.stdout.splitlines()[0] == "ProcessGroupGloo"

@@ -1,0 +1,350 @@
+"""Collectives and tensor parallelism on the ``neuron`` c10d backend, each run under torchrun.
+
+all_reduce: 2 ranks, one process each. Three variants, interleaved round by round (the order
+rotating), so machine noise hits them alike: (a) a plain Gloo group on CPU tensors, the baseline;
+(b) the default ``neuron`` group on neuron tensors, with its per-collective check that all ranks
+call the same op on the same shapes (the default); (c) a ``neuron`` group created with
+TORCH_NEURONX_COLLECTIVE_CHECKS=0 on neuron tensors. Gloo runs on CPU aliases of the neuron memory,
+so (c) should cost what (a) does. Reported per size: rank 0's median time per all_reduce,
+algorithmic bandwidth (bytes / time), and the medians of the per-round ratios b/a and c/a. Every
+variant's result is checked once per size (known values, in place).
+
+Tensor parallelism: a small Flux2 transformer (diffusers) sharded with ``enable_parallelism``
+over 1, 2 and 4 ranks, each launch its own torchrun. Reported: rank 0's median time per forward,
+the speedup over 1 rank, and the largest difference of rank 0's output from the unsharded CPU
+model's. Every rank gets the same number of threads (torchrun's default of 1, set here for 1 rank
+too); a 1-rank run with all cores' threads is shown for reference.
+
+    python benchmarks/bench_distributed.py [--json PATH] [--tp-threads N]
+"""
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _load_bench_eager():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_eager.py")
+    spec = importlib.util.spec_from_file_location("bench_eager", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# As in bench_compile: loading bench_eager re-execs this script with its MALLOC_* settings when
+# they are missing; the torchrun workers inherit them.
+bench_eager = _load_bench_eager()
+
+import torch  # noqa: E402  (autoloads the neuron backend)
+import torch.distributed as dist  # noqa: E402
+
+from torch_neuronx.distributed import CHECKS_ENV  # noqa: E402
+
+AR_VARIANTS = ("gloo_cpu", "neuron_checked", "neuron_unchecked")
+AR_SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)  # bytes of float32
+AR_BUDGET_S = 5.0  # timed rounds per size, all variants together
+AR_CHUNK_S = 0.02  # one sample is a loop of about this long (a small all_reduce takes ms here)
+AR_TARGET = 1.10  # neuron / Gloo CPU, for the sizes from AR_TARGET_FROM on
+AR_TARGET_FROM = 4 << 20
+
+TP_RANKS = (1, 2, 4)
+TP_TOKENS = (256, 64)  # image tokens (a 16x16 grid), text tokens
+TP_WARMUP, TP_REPS = 3, 20
+TP_TOLERANCE = 1e-4
+LAUNCH_TIMEOUT_S = 600
+
+
+# ---------------------------------------------------------------- launching
+
+def launch(nproc, worker, threads=None):
+    """Run this file under torchrun with `nproc` processes; return what rank 0 wrote (or the error)."""
+    fd, out_path = tempfile.mkstemp(prefix="bench_dist_", suffix=".json")
+    os.close(fd)
+    env = dict(os.environ)
+    if threads is not None:  # torchrun sets OMP_NUM_THREADS=1 only for more than one process
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+           os.path.abspath(__file__), "--_worker", worker, "--_out", out_path]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+        with open(out_path) as f:
+            text = f.read()
+        if proc.returncode != 0 or not text:
+            return {"error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:]}
+        result = json.loads(text)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        return {"error": f"timed out after {LAUNCH_TIMEOUT_S} s", "stderr": stderr[-4000:]}
+    finally:
+        os.unlink(out_path)
+    result["launch_s"] = time.perf_counter() - start
+    return result
+
+
+def _report(out_path, result):
+    if dist.get_rank() == 0:  # only rank 0 reports
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+
+
+# ---------------------------------------------------------------- all_reduce worker
+
+def allreduce_worker(out_path):
+    # (b) is the default group, with checks whatever the caller's environment says; (c) is a
+    # second neuron group, made while the switch is off (the backend reads it at creation).
+    saved = os.environ.get(CHECKS_ENV)
+    os.environ[CHECKS_ENV] = "1"
+    dist.init_process_group(backend="neuron")
+    gloo = dist.new_group(backend="gloo")
+    os.environ[CHECKS_ENV] = "0"
+    unchecked = dist.new_group(backend="neuron")
+    if saved is None:
+        del os.environ[CHECKS_ENV]
+    else:
+        os.environ[CHECKS_ENV] = saved
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("neuron", torch.neuron.current_device())
+    groups = {"gloo_cpu": (gloo, "cpu"), "neuron_checked": (dist.group.WORLD, dev),
+              "neuron_unchecked": (unchecked, dev)}
+
+    results = []
+    for nbytes in AR_SIZES:
+        n = nbytes // 4
+        correct = check_allreduce(groups, n, rank, world, gloo)
+        # Timing repeats the sum in place; zeros stay zeros (no overflow, no denormals), and adding
+        # zeros costs Gloo what adding any other floats does.
+        tensors = {v: torch.zeros(n, device=d) for v, (_, d) in groups.items()}
+        fns = {v: (lambda g=groups[v][0], t=tensors[v]: dist.all_reduce(t, group=g)) for v in AR_VARIANTS}
+        for v in AR_VARIANTS:  # warm-up (Gloo's buffers, the checks' first exchange)
+            bench_eager.time_loop(fns[v], (), 3)
+        # Both ranks must run the same number of collectives: agree on the slowest estimate.
+        per_call = torch.tensor([max(bench_eager.time_loop(fns[v], (), 3) for v in AR_VARIANTS) / 1e6])
+        dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=gloo)
+        per_call = per_call.item()
+        inner = max(1, round(AR_CHUNK_S / per_call))
+        rounds = max(10, int(AR_BUDGET_S / (len(AR_VARIANTS) * inner * per_call)))
+        samples = {v: [] for v in AR_VARIANTS}
+        gc.collect()
+        gc.disable()  # a collection inside one variant's loop is noise (and would stall the peer)
+        # No barrier between samples: the collectives themselves keep the ranks in step.
+        for r in range(rounds):
+            order = AR_VARIANTS[r % 3:] + AR_VARIANTS[:r % 3]
+            for v in order if (r // 3) % 2 == 0 else reversed(order):
+                samples[v].append(bench_eager.time_loop(fns[v], (), inner))
+        gc.enable()
+        base = samples["gloo_cpu"]
+        results.append({
+            "bytes": nbytes,
+            "inner": inner,
+            "rounds": rounds,
+            "correct": correct,
+            **{f"{v}_us": statistics.median(samples[v]) for v in AR_VARIANTS},
+            "ratio_checked": statistics.median(b / a for a, b in zip(base, samples["neuron_checked"])),
+            "ratio_unchecked": statistics.median(c / a for a, c in zip(base, samples["neuron_unchecked"])),
+            "samples": samples,
+        })
+        del tensors, fns
+    _report(out_path, {"world": world, "threads": torch.get_num_threads(), "sizes": results})
+    dist.destroy_process_group()
+
+
+def check_allreduce(groups, n, rank, world, gloo):
+    """Each variant sums known values in place; True when every rank got the exact sums."""
+    base = torch.arange(n) % 251  # small integers: float32 sums stay exact
+    expected = (base * world + sum(range(world))).float()
+    ok = True
+    for group, device in groups.values():
+        x = (base + rank).float().to(device)
+        ptr = x.data_ptr()
+        dist.all_reduce(x, group=group)
+        ok &= x.data_ptr() == ptr and torch.equal(x.cpu(), expected)
+    flag = torch.tensor([int(ok)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=gloo)
+    return bool(flag.item())
+
+
+# ---------------------------------------------------------------- tensor-parallel worker
+
+def flux2_model():
+    import diffusers
+
+    torch.manual_seed(0)  # every rank builds the same weights
+    return diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=32,
+        num_attention_heads=8, joint_attention_dim=64, timestep_guidance_channels=32,
+        axes_dims_rope=(8, 8, 8, 8), guidance_embeds=False).eval()
+
+
+def flux2_inputs():
+    img, txt = TP_TOKENS
+    side = int(img ** 0.5)
+    img_ids = torch.zeros(img, 4, dtype=torch.int64)  # (t, h, w, l) position per image token
+    img_ids[:, 1], img_ids[:, 2] = torch.arange(img) // side, torch.arange(img) % side
+    gen = torch.Generator().manual_seed(1)
+    return {
+        "hidden_states": torch.randn(1, img, 16, generator=gen),
+        "encoder_hidden_states": torch.randn(1, txt, 64, generator=gen),
+        "timestep": torch.tensor([0.5]),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(txt, 4, dtype=torch.int64),
+    }
+
+
+def tp_worker(out_path):
+    import diffusers
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dist.init_process_group(backend="neuron")  # before any neuron tensor: binds this rank's core
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, inputs = flux2_model(), flux2_inputs()
+    with torch.no_grad():
+        reference = model(**inputs).sample if rank == 0 else None  # the unsharded model, on CPU
+    mesh = DeviceMesh("neuron", list(range(world)))
+    model.enable_parallelism(config=diffusers.TensorParallelConfig(mesh=mesh))
+    dev = torch.device("neuron", torch.neuron.current_device())
+    model.to(dev)
+    inputs = {k: v.to(dev) for k, v in inputs.items()}
+    times = []
+    with torch.no_grad():
+        for i in range(TP_WARMUP + TP_REPS):
+            dist.barrier()  # start every forward together: the first collective would absorb the skew
+            start = time.perf_counter()
+            out = model(**inputs).sample
+            elapsed = time.perf_counter() - start
+            if i >= TP_WARMUP:
+                times.append(elapsed * 1e3)
+    result = {"world": world, "threads": torch.get_num_threads(), "times_ms": times,
+              "median_ms": statistics.median(times)}
+    if rank == 0:
+        result["max_abs_diff"] = (out.cpu() - reference).abs().max().item()
+    _report(out_path, result)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- report
+
+def _gbps(nbytes, us):
+    return nbytes / us / 1e3  # bytes per µs / 1e3 = GB/s
+
+
+def _size(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def markdown(ar, tp, load):
+    cores = os.cpu_count()
+    lines = [f"torch {torch.__version__}, {cores} cores ({platform.machine()}), load average {load:.1f} at start."]
+    lines += ["", "all_reduce (sum, float32), 2 ranks"]
+    if "error" in ar:
+        lines.append(f"FAILED: {ar['error']}")
+    else:
+        lines += [
+            f"{ar['threads']} thread(s) per rank; median µs per all_reduce on rank 0 (GB/s = bytes / time); "
+            "ratios are medians of interleaved per-round pairs. (a) Gloo group, CPU tensors; (b) neuron group, "
+            "neuron tensors, checks on (default); (c) neuron group, neuron tensors, checks off.",
+            "",
+            "| size | (a) Gloo CPU µs | GB/s | (b) neuron checked µs | GB/s | (c) neuron unchecked µs | GB/s "
+            "| b/a | c/a | correct | target | result |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+        ]
+        for r in ar["sizes"]:
+            a, b, c = (r[f"{v}_us"] for v in AR_VARIANTS)
+            target = result = "—"
+            if r["bytes"] >= AR_TARGET_FROM:
+                target = f"≤ {AR_TARGET:.2f}x"
+                result = " / ".join(f"{k} {'PASS' if x <= AR_TARGET else 'MISS'}"
+                                    for k, x in (("b", r["ratio_checked"]), ("c", r["ratio_unchecked"])))
+            lines.append(
+                f"| {_size(r['bytes'])} | {a:.0f} | {_gbps(r['bytes'], a):.2f} | {b:.0f} | {_gbps(r['bytes'], b):.2f} "
+                f"| {c:.0f} | {_gbps(r['bytes'], c):.2f} | {r['ratio_checked']:.3f} | {r['ratio_unchecked']:.3f} "
+                f"| {'yes' if r['correct'] else 'NO'} | {target} | {result} |")
+    img, txt = TP_TOKENS
+    lines += [
+        "",
+        f"Flux2 tensor-parallel forward (2+2 blocks, 8 heads x 32, {img} image + {txt} text tokens), "
+        f"median of {TP_REPS} after {TP_WARMUP} warm-up, rank 0; max abs diff vs the unsharded CPU model "
+        f"(tolerance {TP_TOLERANCE:g}).",
+        "",
+        "| ranks | threads/rank | ms per forward | speedup vs 1 rank | max abs diff | note |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    base = tp.get(1, {}).get("median_ms")
+    for key, r in tp.items():
+        n = int(str(key).split("_")[0])
+        if "error" in r:
+            lines.append(f"| {n} | — | — | — | — | FAILED: {r['error']} |")
+            continue
+        busy = n * r["threads"]
+        note = f"oversubscribed: {n} x {r['threads']} thread(s) on {cores} cores" if busy > cores else ""
+        if key != n:
+            note = "reference: 1 rank using every core" + (f"; {note}" if note else "")
+        diff_ok = "" if r["max_abs_diff"] < TP_TOLERANCE else " ⚠ MISMATCH"
+        speedup = f"{base / r['median_ms']:.2f}x" if base else "—"
+        lines.append(f"| {n} | {r['threads']} | {r['median_ms']:.1f} | {speedup} | {r['max_abs_diff']:.2g}{diff_ok} "
+                     f"| {note} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    parser.add_argument("--tp-threads", type=int, default=1,
+                        help="intra-op threads per rank in the tensor-parallel runs (torchrun's default: 1)")
+    parser.add_argument("--_worker", choices=("allreduce", "tp"), help=argparse.SUPPRESS)
+    parser.add_argument("--_out", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts._worker == "allreduce":
+        return allreduce_worker(opts._out)
+    if opts._worker == "tp":
+        return tp_worker(opts._out)
+
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    ar = launch(2, "allreduce")
+    if "error" in ar:
+        print(f"  all_reduce: FAILED ({ar['error']})\n{ar['stderr']}", file=sys.stderr, flush=True)
+    else:
+        for r in ar["sizes"]:
+            print(f"  all_reduce {_size(r['bytes'])}: " + " / ".join(f"{r[v + '_us']:.0f}" for v in AR_VARIANTS)
+                  + " µs", file=sys.stderr, flush=True)
+    tp = {}
+    runs = [(n, n, opts.tp_threads) for n in TP_RANKS]
+    if opts.tp_threads != os.cpu_count():
+        runs.append(("1_all_cores", 1, os.cpu_count()))
+    for key, n, threads in runs:
+        tp[key] = r = launch(n, "tp", threads)
+        if "error" in r:
+            print(f"  TP {n} rank(s): FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
+        else:
+            print(f"  TP {n} rank(s), {r['threads']} thread(s): {r['median_ms']:.1f} ms, "
+                  f"max abs diff {r['max_abs_diff']:.2g}", file=sys.stderr, flush=True)
+
+    print(markdown(ar, tp, load))
+    print(f"\n(total {time.perf_counter() - start:.0f} s)")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load,
+                    "malloc_env": bench_eager._MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
+            json.dump({"meta": meta, "allreduce": ar, "tp": {str(k): v for k, v in tp.items()}}, f, indent=1)
+    misses = [f"all_reduce {_size(r['bytes'])}" for r in ar.get("sizes", [])
+              if r["bytes"] >= AR_TARGET_FROM and max(r["ratio_checked"], r["ratio_unchecked"]) > AR_TARGET]
+    failures = [f"all_reduce {_size(r['bytes'])} wrong" for r in ar.get("sizes", []) if not r["correct"]]
+    failures += ["all_reduce"] if "error" in ar else []
+    failures += [f"TP {k}" for k, r in tp.items() if "error" in r or r["max_abs_diff"] >= TP_TOLERANCE]
+    if misses:
+        print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
+    if failures:
+        print(f"FAILED: {', '.join(failures)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
