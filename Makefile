@@ -36,6 +36,7 @@ test: setup
 bench: setup
 	$(PY) benchmarks/bench_eager.py
 	$(PY) benchmarks/bench_compile.py
+	$(PY) benchmarks/bench_distributed.py
 
 clean:
 	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)

@@ -42,12 +42,14 @@ def test_dtensor_tensor_parallel_ddp_and_fsdp2_equal_one_cpu_process(tmp_path, r
     assert torchrun("parallel_training.py", ranks, tmp_path) == [f"{rank} 23" for rank in range(ranks)]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_diffusers_tensor_parallel_both_paths_equal_the_unsharded_model(tmp_path, ranks):
+@pytest.mark.parametrize("ranks, compiled", [(2, True), (4, False)])
+def test_diffusers_tensor_parallel_both_paths_equal_the_unsharded_model(tmp_path, ranks, compiled):
     results = tmp_path / "results"
     results.mkdir()
-    reports = torchrun("diffusers_tensor_parallel.py", ranks, results, MODEL_DIR=str(tmp_path / "flux2"))
-    assert reports == [f"{rank} 2" for rank in range(ranks)]
+    reports = torchrun("diffusers_tensor_parallel.py", ranks, results, MODEL_DIR=str(tmp_path / "flux2"),
+                       COMPILE="1" if compiled else "0", TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"))
+    checks = 4 if compiled else 2
+    assert reports == [f"{rank} {checks}" for rank in range(ranks)]
 
 
 def test_more_ranks_than_cores_is_a_clear_error():
@@ -148,3 +150,22 @@ def test_collective_checks_are_on_by_default_can_be_turned_off_and_reject_a_bad_
         assert "TORCH_NEURONX_COLLECTIVE_CHECKS='maybe' is not a boolean" in r.stdout.splitlines()[1], r.stdout
     assert default.stdout.splitlines()[0] == "_ProcessGroupWrapper"
     assert off.stdout.splitlines()[0] == "ProcessGroupGloo"
+
+
+def test_compiled_training_through_dtensor_parameters_is_a_clear_compile_error():
+    r = run("""
+        import torch, torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        layer = parallelize_module(torch.nn.Linear(4, 4).to("neuron"), init_device_mesh("neuron", (1,)), ColwiseParallel())
+        compiled = torch.compile(layer, backend="neuron", fullgraph=True)
+        with torch.no_grad():
+            assert torch.allclose(compiled(torch.ones(2, 4, device="neuron")).cpu(), layer(torch.ones(2, 4, device="neuron")).cpu())
+        try:
+            compiled(torch.ones(2, 4, device="neuron")).sum().backward()
+        except Exception as error:
+            print(type(error).__name__, error)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "training through a compiled graph with tensor-subclass inputs" in r.stdout, r.stdout[-2000:]

@@ -125,6 +125,17 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     eager = _copy_graph_module(gm)  # the neuron graph, should compilation fail
     try:
         start = time.perf_counter()
+        if (_has_subclasses(example_inputs) and torch.is_grad_enabled()
+                and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)):
+            raise NotImplementedError(
+                "training through a compiled graph with tensor-subclass inputs (DTensor parameters of a "
+                "tensor-parallel model) is not supported on neuron yet; compile it for inference "
+                "(torch.no_grad()), or train it eagerly")
+        if _has_subclasses(example_inputs):
+            compiled = _compile_unwrapping_subclasses(gm, example_inputs, metrics)
+            metrics.compile_us = (time.perf_counter() - start) * 1e6
+            metrics.cache = "uncached"
+            return compiled
         fake_mode = detect_fake_mode(example_inputs)
         host_code.rewrite_to_cpu(gm, fake_mode)
         cpu_inputs = host_code.cpu_example_inputs(example_inputs, fake_mode)
@@ -148,6 +159,35 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         metrics.fell_back = True
         return eager.forward
     return host_code.run_graph_on_neuron(compiled)
+
+
+def _has_subclasses(example_inputs) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return any(is_traceable_wrapper_subclass(x) for x in example_inputs)
+
+
+def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, metrics: GraphMetrics) -> Callable:
+    """A graph with tensor-subclass inputs (the DTensor parameters of a tensor-parallel model),
+    for inference. AOTAutograd unwraps the subclasses on the neuron fakes, where their device
+    mesh is neuron, and hands over a plain graph (collectives as functional ops), which is
+    rewritten to CPU and compiled like any other. Not kept in the NEFF cache (Inductor's own
+    FX-graph cache still applies): the key would need the subclasses' metadata."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+
+    def compile_plain(plain: torch.fx.GraphModule, plain_inputs):
+        metrics.has_collectives = metrics.has_collectives or _has_collectives(plain)  # DTensor's, now explicit
+        fake_mode = detect_fake_mode(plain_inputs)
+        host_code.rewrite_to_cpu(plain, fake_mode)
+        with compiled_graphs.inductor_settings():
+            output_code = compile_fx_inner(plain, host_code.cpu_example_inputs(plain_inputs, fake_mode))
+        return host_code.run_graph_on_neuron(lambda *args: output_code(list(args)))
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_plain, inference_compiler=compile_plain,
+                                 decompositions=select_decomp_table(), keep_inference_input_mutations=True)
 
 
 def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

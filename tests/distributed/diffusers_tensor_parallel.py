@@ -2,6 +2,7 @@
 seed writes it, by both of its paths: `enable_parallelism` on a model in memory with CPU weights
 (diffusers' `_apply_tp_neuron`) and `from_pretrained(path, parallel_config=...)`, which streams
 each rank's shard from safetensors. Both equal the unsharded model run in one CPU process.
+With COMPILE=1 the sharded model is then compiled with `compile_repeated_blocks(backend="neuron")`.
 MODEL_DIR is where rank 0 saves the checkpoint; each rank writes "<rank> <checks>" to RESULT_DIR."""
 import os
 
@@ -71,6 +72,15 @@ if rank == 0:
 dist.barrier()
 loaded = Flux2Transformer2DModel.from_pretrained(path, parallel_config=TensorParallelConfig(mesh=mesh))
 check("from_pretrained parallel_config", sharded(loaded).to(dev))
+
+# Compiled, block by block, as the seed's compiled program does: the graphs get DTensor
+# parameters, and the collectives tensor parallelism needs end up inside them.
+if os.environ.get("COMPILE") == "1":
+    loaded.compile_repeated_blocks(backend="neuron", fullgraph=True, dynamic=False)
+    check("compile_repeated_blocks (first call compiles)", loaded)
+    check("compile_repeated_blocks (second call reuses)", loaded)
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert len(metrics) == 2 and all(m["has_collectives"] and not m["fell_back"] for m in metrics), metrics
 
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as f:
     f.write(f"{rank} {len(checks)}")
