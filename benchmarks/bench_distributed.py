@@ -15,7 +15,9 @@ so the launches run twice, in mirrored order (1, 2, 4, then 4, 2, 1), and each s
 pooled: drift in the machine's load then hits every size alike. Reported: rank 0's median time per
 forward, the speedup over 1 rank, and the largest difference of rank 0's output from the unsharded
 CPU model's. Every rank gets the same number of threads (torchrun's default of 1, set here for 1
-rank too); one 1-rank launch with a thread per core, between the passes, is shown for reference.
+rank too). For reference: 2 ranks with the collective checks off (in both passes: a sharded
+forward runs several all_reduces, and each pays the check's exchange), and, once between the
+passes, 1 rank with a thread per core.
 
     python benchmarks/bench_distributed.py [--json PATH] [--tp-threads N]
 """
@@ -65,13 +67,15 @@ LAUNCH_TIMEOUT_S = 600
 
 # ---------------------------------------------------------------- launching
 
-def launch(nproc, worker, threads=None):
+def launch(nproc, worker, threads=None, checks=None):
     """Run this file under torchrun with `nproc` processes; return what rank 0 wrote (or the error)."""
     fd, out_path = tempfile.mkstemp(prefix="bench_dist_", suffix=".json")
     os.close(fd)
     env = dict(os.environ)
     if threads is not None:  # torchrun sets OMP_NUM_THREADS=1 only for more than one process
         env["OMP_NUM_THREADS"] = str(threads)
+    if checks is not None:  # the neuron groups' collective checks, whatever the caller's environment says
+        env[CHECKS_ENV] = "1" if checks else "0"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
            os.path.abspath(__file__), "--_worker", worker, "--_out", out_path]
@@ -235,7 +239,7 @@ def tp_worker(out_path):
 # ---------------------------------------------------------------- report
 
 def _gbps(nbytes, us):
-    return nbytes / us / 1e3  # bytes per µs / 1e3 = GB/s
+    return f"{nbytes / us / 1e3:.3g}"  # bytes per µs / 1e3 = GB/s; 3 digits: small sizes are ~0.002
 
 
 def _size(nbytes):
@@ -267,35 +271,37 @@ def markdown(ar, tp, load, load_end):
                 result = " / ".join(f"{k} {'PASS' if x <= AR_TARGET else 'MISS'}"
                                     for k, x in (("b", r["ratio_checked"]), ("c", r["ratio_unchecked"])))
             lines.append(
-                f"| {_size(r['bytes'])} | {a:.0f} | {_gbps(r['bytes'], a):.2f} | {b:.0f} | {_gbps(r['bytes'], b):.2f} "
-                f"| {c:.0f} | {_gbps(r['bytes'], c):.2f} | {r['ratio_checked']:.3f} | {r['ratio_unchecked']:.3f} "
+                f"| {_size(r['bytes'])} | {a:.0f} | {_gbps(r['bytes'], a)} | {b:.0f} | {_gbps(r['bytes'], b)} "
+                f"| {c:.0f} | {_gbps(r['bytes'], c)} | {r['ratio_checked']:.3f} | {r['ratio_unchecked']:.3f} "
                 f"| {'yes' if r['correct'] else 'NO'} | {target} | {result} |")
         large = [r for r in ar["sizes"] if r["bytes"] >= AR_TARGET_FROM]
+        lines.append("")
         for label, key in (("checks on (b)", "ratio_checked"), ("checks off (c)", "ratio_unchecked")):
             ratios = ", ".join(f"{r[key]:.2f}x at {_size(r['bytes'])}" for r in large)
             met = "met" if all(r[key] <= AR_TARGET for r in large) else "NOT met"
-            lines.append(f"\nTarget, neuron ≤ {AR_TARGET:.2f}x Gloo CPU from {_size(AR_TARGET_FROM)} on, "
+            lines.append(f"Target, neuron ≤ {AR_TARGET:.2f}x Gloo CPU from {_size(AR_TARGET_FROM)} on, "
                          f"{label}: {met} ({ratios}).")
     img, txt = TP_TOKENS
     lines += [
         "",
         f"Flux2 tensor-parallel forward (2+2 blocks, 8 heads x 32, {img} image + {txt} text tokens), "
         f"rank 0's median of {TP_REPS} forwards (after {TP_WARMUP} warm-up) per launch, pooled over the launches; "
-        f"max abs diff vs the unsharded CPU model (tolerance {TP_TOLERANCE:g}). Collective checks on (the default).",
+        f"max abs diff vs the unsharded CPU model (tolerance {TP_TOLERANCE:g}). Collective checks on (the default) "
+        "unless noted.",
         "",
         "| ranks | threads/rank | launches | ms per forward | speedup vs 1 rank | max abs diff | note |",
         "|---:|---:|---:|---:|---:|---:|---|",
     ]
     base = tp[1]["median_ms"] if 1 in tp and "error" not in tp[1] else None
     for key, r in tp.items():
-        n = int(str(key).split("_")[0])
+        n = r["ranks"]
         if "error" in r:
             lines.append(f"| {n} | — | — | — | — | — | FAILED: {r['error']} |")
             continue
-        busy = n * r["threads"]
-        note = f"oversubscribed: {n} x {r['threads']} thread(s) on {cores} cores" if busy > cores else ""
-        if key != n:
-            note = "reference: 1 rank using every core" + (f"; {note}" if note else "")
+        notes = [r["note"]] if r["note"] else []
+        if n * r["threads"] > cores:
+            notes.append(f"oversubscribed: {n} x {r['threads']} thread(s) on {cores} cores")
+        note = "; ".join(notes)
         diff_ok = "" if r["max_abs_diff"] < TP_TOLERANCE else " ⚠ MISMATCH"
         speedup = f"{base / r['median_ms']:.2f}x" if base else "—"
         lines.append(f"| {n} | {r['threads']} | {len(r['launches'])} | {r['median_ms']:.1f} | {speedup} "
@@ -305,11 +311,11 @@ def markdown(ar, tp, load, load_end):
 
 
 def run_tp(schedule):
-    """Launch each (key, ranks, threads) in turn; pool the forward times of the launches of each key."""
+    """Launch each (key, ranks, threads, checks, note) in turn; pool the forward times per key."""
     tp = {}
-    for key, n, threads in schedule:
-        r = launch(n, "tp", threads)
-        entry = tp.setdefault(key, {"launches": [], "times_ms": []})
+    for key, n, threads, checks, note in schedule:
+        r = launch(n, "tp", threads, checks)
+        entry = tp.setdefault(key, {"ranks": n, "checks": checks, "note": note, "launches": [], "times_ms": []})
         entry["launches"].append(r)
         if "error" in r:
             entry["error"] = r["error"]
@@ -346,9 +352,12 @@ def main():
         for r in ar["sizes"]:
             print(f"  all_reduce {_size(r['bytes'])}: " + " / ".join(f"{r[v + '_us']:.0f}" for v in AR_VARIANTS)
                   + " µs", file=sys.stderr, flush=True)
-    schedule = [(n, n, opts.tp_threads) for n in TP_RANKS]
-    reference = [("1_all_cores", 1, os.cpu_count())] if opts.tp_threads != os.cpu_count() else []
-    tp = run_tp(schedule + reference + schedule[::-1])
+    pass_ = [(n, n, opts.tp_threads, True, "") for n in TP_RANKS]
+    pass_.insert(2, ("2_unchecked", 2, opts.tp_threads, False, f"reference: collective checks off ({CHECKS_ENV}=0)"))
+    middle = [("1_all_cores", 1, os.cpu_count(), True, "reference: 1 rank, a thread per core")]
+    if opts.tp_threads == os.cpu_count():
+        middle = []
+    tp = run_tp(pass_ + middle + pass_[::-1])
 
     load_end = os.getloadavg()[0]
     print(markdown(ar, tp, load, load_end))
