@@ -1,0 +1,195 @@
+"""The main job (`make demo`, `neuronx-demo`): the seed's Flux2-Klein pipeline on the emulated
+Trainium, eager then compiled, checked against plain PyTorch on CPU, with a short report.
+
+    neuronx-demo [--model PATH_OR_HUB_ID] [--height H --width W --steps N] [--tp N] [--output PNG]
+
+Phases, each seeded alike so their images are comparable:
+  cpu eager (the oracle), neuron eager; the transformer compiled with backend="neuron"
+  (fullgraph, static shapes): warm-up (compiles), second call (reuses), a new height/width
+  (compiles once more), another step count (compiles nothing); then the repeated blocks compiled
+  instead (`compile_repeated_blocks`). With --tp N it relaunches itself under torchrun, one
+  process per emulated core, and runs the tensor-parallel program against one core's output.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from torch_neuronx.demo.pipelines import ModelNotFoundError, argument_parser, model_source
+
+PROMPT = "a golden retriever surfing a wave, photorealistic"
+TOLERANCE = 2e-3  # images in [0, 1]; float32 reordering across devices/compilers stays far below
+
+
+@dataclasses.dataclass
+class Phase:
+    name: str
+    size: str
+    steps: int
+    seconds: float
+    graphs: int | None = None  # compiled during this phase
+    cache: str = ""
+    difference: str = ""
+
+
+def generate(pipe, height: int, width: int, steps: int, seed: int) -> np.ndarray:
+    torch.manual_seed(seed)
+    return pipe(prompt=PROMPT, height=height, width=width, num_inference_steps=steps, output_type="np").images[0]
+
+
+def compare(name: str, image: np.ndarray, reference: np.ndarray, label: str) -> str:
+    difference = float(np.abs(image - reference).max())
+    if difference > TOLERANCE:
+        raise SystemExit(f"{name}: its image differs from the {label} one by {difference:.3g} (tolerance {TOLERANCE})")
+    return f"{difference:.2g} vs {label}"
+
+
+class Phases:
+    """Runs and times phases; counts the graphs and cache results each adds to the compile metrics."""
+
+    def __init__(self, pipe, args):
+        self.pipe, self.args, self.rows = pipe, args, []
+
+    def run(self, name, height=None, width=None, steps=None) -> tuple[np.ndarray, Phase]:
+        height, width = height or self.args.height, width or self.args.width
+        steps = steps or self.args.steps
+        before = len(torch.neuron.get_dynamo_metrics())
+        start = time.perf_counter()
+        image = generate(self.pipe, height, width, steps, self.args.seed)
+        seconds = time.perf_counter() - start
+        new = torch.neuron.get_dynamo_metrics()[before:]
+        compiled = "compiled" in name or "blocks" in name
+        phase = Phase(name, f"{width}x{height}", steps, seconds, len(new) if compiled else None,
+                      ", ".join(f"{m['cache']}" for m in new))
+        self.rows.append(phase)
+        return image, phase
+
+
+def table(rows: list[Phase]) -> str:
+    lines = [f"{'phase':<34} {'size':>9} {'steps':>5} {'time s':>7} {'graphs':>6}  {'cache':<12} check"]
+    for r in rows:
+        graphs = "-" if r.graphs is None else str(r.graphs)
+        lines.append(f"{r.name:<34} {r.size:>9} {r.steps:>5} {r.seconds:>7.2f} {graphs:>6}  {r.cache:<12} {r.difference}")
+    return "\n".join(lines)
+
+
+def describe_device() -> str:
+    from torch_neuronx import topology
+
+    props = torch.neuron.get_device_properties(0)
+    return (f"device neuron:0 ({props.name}), {topology.current().describe()}: {torch.neuron.device_count()} "
+            f"visible cores, {props.total_memory / 2**30:.2f} GiB each; ops run on this host's CPU")
+
+
+def single_core(args, source: str, dtype: torch.dtype) -> None:
+    from diffusers import Flux2KleinPipeline
+
+    print(f"model: {args.model or 'a small Flux2-Klein built in code'} ({source}), {str(dtype).replace('torch.', '')}")
+    print(describe_device())
+    cpu = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
+    phases = Phases(cpu, args)
+    reference, _ = phases.run("cpu eager (the oracle)")
+    del cpu
+
+    pipe = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
+    pipe.to("neuron")
+    phases.pipe = pipe
+    image, phase = phases.run("neuron eager")
+    phase.difference = compare(phase.name, image, reference, "cpu")
+    pipe.numpy_to_pil(image[None])[0].save(args.output)
+
+    torch.neuron.reset_dynamo_metrics()
+    pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
+    for name in ("neuron compiled, warm-up", "neuron compiled, second call"):
+        compiled, phase = phases.run(name)
+        phase.difference = compare(phase.name, compiled, image, "eager")
+    phases.run("neuron compiled, new size", height=args.height // 2, width=args.width // 2)
+    phases.run("neuron compiled, other step count", steps=max(1, args.steps // 2))
+
+    from diffusers import Flux2Transformer2DModel
+
+    torch._dynamo.reset()  # a fresh transformer, compiled block by block this time
+    pipe.transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
+    pipe.transformer.compile_repeated_blocks(backend="neuron", fullgraph=True, dynamic=False)
+    for name in ("repeated blocks compiled, warm-up", "repeated blocks compiled, call"):
+        blocks, phase = phases.run(name)
+        phase.difference = compare(phase.name, blocks, image, "eager")
+
+    print()
+    print(table(phases.rows))
+    metrics = torch.neuron.get_dynamo_metrics()
+    print(f"graphs compiled: {len(metrics)}; cache hits: {sum(m['cache'] == 'hit' for m in metrics)}; "
+          f"compile time {sum(m['compile_us'] for m in metrics) / 1e6:.1f} s")
+    print(f"memory peak on neuron:0: {torch.neuron.max_memory_allocated(0) / 2**20:.1f} MiB of "
+          f"{torch.neuron.get_device_properties(0).total_memory / 2**30:.2f} GiB")
+    print(f"saved {args.output} (neuron eager)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in phases.rows], f, indent=1)
+
+
+def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
+    """One torchrun rank: the seed's tensor-parallel program, checked against one core."""
+    import torch.distributed as dist
+    from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel, TensorParallelConfig
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dist.init_process_group(backend="neuron")
+    mesh = DeviceMesh("neuron", list(range(dist.get_world_size())))
+    device = torch.neuron.current_device()
+    rank = dist.get_rank()
+    transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype,
+                                                          parallel_config=TensorParallelConfig(mesh=mesh))
+    pipe = Flux2KleinPipeline.from_pretrained(source, transformer=transformer, dtype=dtype)
+    pipe.to(device)
+    generate(pipe, args.height, args.width, 1, args.seed)  # warm-up
+    start = time.perf_counter()
+    image = generate(pipe, args.height, args.width, args.steps, args.seed)
+    seconds = time.perf_counter() - start
+    peaks = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, torch.neuron.max_memory_allocated(0))
+    if rank == 0:
+        one_core = Flux2KleinPipeline.from_pretrained(source, dtype=dtype).to(device)
+        start = time.perf_counter()
+        reference = generate(one_core, args.height, args.width, args.steps, args.seed)
+        single = time.perf_counter() - start
+        check = compare("tensor parallel", image, reference, "one core")
+        print(f"\n{describe_device()}")
+        print(f"tensor parallel over {len(peaks)} cores: {seconds:.2f} s for {args.steps} steps at "
+              f"{args.width}x{args.height} (one core: {single:.2f} s); image {check}")
+        print("memory peak per core: " + ", ".join(f"rank {r} {p / 2**20:.1f} MiB" for r, p in enumerate(peaks)))
+        pipe.numpy_to_pil(image[None])[0].save(args.output)
+        print(f"saved {args.output} (rank 0)")
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    parser = argument_parser(__doc__)
+    parser.set_defaults(height=512, width=512)
+    parser.add_argument("--tp", type=int, default=0, metavar="N", help="tensor parallel over N emulated cores")
+    parser.add_argument("--json", metavar="PATH", help="also write the phases (single core) as JSON")
+    args = parser.parse_args(argv)
+    try:
+        source, dtype = model_source(args.model)
+    except ModelNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
+    if args.tp and "LOCAL_RANK" not in os.environ:  # relaunch: one process per core
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.tp}",
+                   "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "torch_neuronx.demo",
+                   *(argv if argv is not None else sys.argv[1:])]
+        raise SystemExit(subprocess.call(command))
+    if args.tp:
+        tensor_parallel(args, source, dtype)
+    else:
+        single_core(args, source, dtype)
+
+
+if __name__ == "__main__":
+    main()
