@@ -110,3 +110,29 @@ def test_a_model_without_weights_is_a_clear_error(tmp_path):
     demo = subprocess.run([sys.executable, "-m", "torch_neuronx.demo", "--model", str(tmp_path)], cwd=tmp_path,
                           env=environment, capture_output=True, text=True, timeout=300)
     assert demo.returncode == 1 and demo.stderr.startswith("error: --model") and "no Flux2-Klein weights" in demo.stderr
+
+
+def test_model_option_loads_a_checkpoint_directory_in_bf16_as_for_the_real_model(tmp_path, monkeypatch):
+    # The small pipeline's directory stands in for a downloaded FLUX.2-klein: the --model path
+    # (a local checkpoint, bf16) runs end to end and draws what CPU draws in bf16.
+    from diffusers import Flux2KleinPipeline
+
+    from torch_neuronx.demo.pipelines import model_source, tiny_flux2_klein_path
+
+    path = tiny_flux2_klein_path()
+    assert model_source(path) == (path, torch.bfloat16)
+    image = example("eager_neuron.py", tmp_path, "--model", path)
+    pipe = Flux2KleinPipeline.from_pretrained(path, dtype=torch.bfloat16)
+    # Diffusers computes differently for neuron by design: float64 and int64 become float32 and
+    # int32 (Trainium has neither; `maybe_adjust_dtype_for_device`), e.g. the rotary embedding. In
+    # bf16 that last-bit difference grows to a few pixel levels over 4 steps (max 12, mean 0.7 when
+    # measured), so the oracle is CPU made to narrow the same way.
+    from diffusers.utils import torch_utils
+
+    narrowing = torch_utils._DTYPE_UNSUPPORTED_DEVICES
+    monkeypatch.setattr(torch_utils, "_DTYPE_UNSUPPORTED_DEVICES",
+                        {dtype: devices | {"cpu"} for dtype, devices in narrowing.items()})
+    torch.manual_seed(0)
+    cpu = np.asarray(pipe(prompt="a golden retriever surfing a wave, photorealistic", height=128, width=128,
+                          num_inference_steps=4).images[0], dtype=np.int16)
+    assert np.abs(image - cpu).max() <= PIXEL_TOLERANCE
