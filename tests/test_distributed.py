@@ -52,31 +52,22 @@ def test_diffusers_tensor_parallel_both_paths_equal_the_unsharded_model(tmp_path
     assert reports == [f"{rank} {checks}" for rank in range(ranks)]
 
 
-def test_more_ranks_than_cores_is_a_clear_error():
-    r = run("""
+@pytest.mark.parametrize("before, local_world, expected", [
+    ("", 5, "torchrun started 5 processes on this node, but an emulated trn2.3xlarge (LNC=2) has 4"),
+    ("torch.ones(1, device='neuron')", 2, "initialized before init_process_group(backend='neuron')"),
+])
+def test_a_process_that_cannot_be_bound_to_its_core_is_a_clear_error(before, local_world, expected):
+    r = run(f"""
         import os, torch, torch.distributed as dist
-        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="5", RANK="0", WORLD_SIZE="1")
+        {before}
+        os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="{local_world}", RANK="0", WORLD_SIZE="1")
         try:
             dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
         except Exception as error:
             print(error)
     """)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "torchrun started 5 processes on this node, but an emulated trn2.3xlarge (LNC=2) has 4" in r.stdout
-
-
-def test_a_runtime_initialized_before_the_group_is_a_clear_error():
-    r = run("""
-        import os, torch, torch.distributed as dist
-        torch.ones(1, device="neuron")
-        os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", RANK="0", WORLD_SIZE="1")
-        try:
-            dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
-        except Exception as error:
-            print(error)
-    """)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "initialized before init_process_group(backend='neuron')" in r.stdout, r.stdout
+    assert expected in r.stdout, r.stdout
 
 
 def _free_port():
