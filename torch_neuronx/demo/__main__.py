@@ -87,8 +87,10 @@ def describe_device() -> str:
     from torch_neuronx import topology
 
     props = torch.neuron.get_device_properties(0)
-    return (f"device neuron:0 ({props.name}), {topology.current().describe()}: {torch.neuron.device_count()} "
-            f"visible cores, {props.total_memory / 2**30:.2f} GiB each; ops run on this host's CPU")
+    count = torch.neuron.device_count()
+    return (f"device neuron:0 ({props.name}, NeuronCore {props.core_id}), {topology.current().describe()}: "
+            f"{count} visible core{'s' if count != 1 else ''}, {props.total_memory / 2**30:.2f} GiB each; "
+            "ops run on this host's CPU")
 
 
 def single_core(args, source: str, dtype: torch.dtype) -> None:
