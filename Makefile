@@ -37,6 +37,7 @@ bench: setup
 	$(PY) benchmarks/bench_eager.py
 	$(PY) benchmarks/bench_compile.py
 	$(PY) benchmarks/bench_distributed.py
+	$(PY) benchmarks/bench_pipeline.py
 
 clean:
 	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)
