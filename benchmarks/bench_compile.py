@@ -17,7 +17,6 @@ import argparse
 import copy
 import gc
 import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -29,18 +28,9 @@ import tempfile
 import time
 
 
-def _load_bench_eager():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_eager.py")
-    spec = importlib.util.spec_from_file_location("bench_eager", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# Loading bench_eager re-execs this script with its MALLOC_* settings when they are missing
-# (glibc reads them only at startup): the same allocator behaviour as the eager benchmarks.
-# The child processes below inherit them.
-bench_eager = _load_bench_eager()
+# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
+# MALLOC_* settings when they are missing, and child processes inherit them.
+import bench_eager  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.nn.functional as F  # noqa: E402
@@ -271,14 +261,7 @@ def spawn_child(mode, cache_dir, threads):
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", mode]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    process_s = time.perf_counter() - start
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(CHILD_MARK)]
-    if proc.returncode != 0 or not lines:
-        return {"mode": mode, "error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:],
-                "process_s": process_s}
-    result = json.loads(lines[-1][len(CHILD_MARK):])
-    result["process_s"] = process_s
-    return result
+    return bench_eager.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
 
 
 def compile_time_cases(threads):
@@ -403,10 +386,7 @@ def main():
     misses = [r["name"] for r in results if not r["pass"]]
     misses += [k for k, r in compile_results.items() if r.get("pass") is False or "error" in r]
     warnings = [r["name"] for r in results if not r["equal_to_inductor"]]
-    if misses:
-        print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
-    if warnings:
-        print(f"WARNING: compiled neuron differs from Inductor CPU in: {', '.join(warnings)}", file=sys.stderr)
+    bench_eager.report_outcome(misses, warnings, "WARNING: compiled neuron differs from Inductor CPU in")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ passes, 1 rank with a thread per core.
 """
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import platform
@@ -34,17 +33,9 @@ import tempfile
 import time
 
 
-def _load_bench_eager():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_eager.py")
-    spec = importlib.util.spec_from_file_location("bench_eager", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# As in bench_compile: loading bench_eager re-execs this script with its MALLOC_* settings when
-# they are missing; the torchrun workers inherit them.
-bench_eager = _load_bench_eager()
+# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
+# MALLOC_* settings when they are missing, and child processes inherit them.
+import bench_eager  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.distributed as dist  # noqa: E402
@@ -372,10 +363,7 @@ def main():
     failures = [f"all_reduce {_size(r['bytes'])} wrong" for r in ar.get("sizes", []) if not r["correct"]]
     failures += ["all_reduce"] if "error" in ar else []
     failures += [f"TP {k}" for k, r in tp.items() if "error" in r or r["max_abs_diff"] >= TP_TOLERANCE]
-    if misses:
-        print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
-    if failures:
-        print(f"FAILED: {', '.join(failures)}", file=sys.stderr)
+    bench_eager.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

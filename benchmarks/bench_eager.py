@@ -175,9 +175,25 @@ def main():
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "loadavg": load, "malloc_env": _MALLOC_ENV}
             json.dump({"meta": meta, "results": results}, f, indent=1)
-    misses = [r["name"] for r in results if r.get("pass") is False]
+    report_outcome([r["name"] for r in results if r.get("pass") is False])
+
+
+def child_result(proc, mark: str, process_s: float, **identity) -> dict:
+    """The JSON a benchmark's child process printed after ``mark`` (its last such line), with its
+    wall time; or what went wrong."""
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(mark)]
+    if proc.returncode != 0 or not lines:
+        return {**identity, "error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:],
+                "process_s": process_s}
+    return {**json.loads(lines[-1][len(mark):]), "process_s": process_s}
+
+
+def report_outcome(misses, failures=(), failure_label="FAILED"):
+    """The summary line every benchmark ends with, on stderr: targets missed, checks failed."""
     if misses:
         print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
+    if failures:
+        print(f"{failure_label}: {', '.join(failures)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
