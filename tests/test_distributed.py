@@ -70,6 +70,20 @@ def test_a_process_that_cannot_be_bound_to_its_core_is_a_clear_error(before, loc
     assert expected in r.stdout, r.stdout
 
 
+def test_a_rank_given_one_core_by_the_user_keeps_it_as_neuron_0_under_device_mesh():
+    # As when NEURON_RT_VISIBLE_CORES is exported per rank: DeviceMesh must not ask for neuron:LOCAL_RANK.
+    r = run("""
+        import os, torch, torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        mesh = DeviceMesh("neuron", [0])
+        print(torch.neuron.current_device(), torch.neuron.get_device_properties(0).core_id, mesh.device_type)
+    """, NEURON_RT_VISIBLE_CORES="3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0", "3", "neuron"]
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

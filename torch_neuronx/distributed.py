@@ -8,12 +8,12 @@ for CPU too on first use (``c10d_fallback``). As on the real runtime, a process 
 its LOCAL_RANK: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), so each process
 sees one device, ``neuron:0``.
 
-Gloo aborts a process whose peer sends a tensor of another size, and hangs or corrupts nothing
-visibly when ranks call different collectives. So each neuron group checks, before every
+Gloo aborts a process whose peer sends a tensor of another size, and ranks that call different
+collectives can hang or exchange the wrong bytes. So each neuron group checks, before every
 collective, that all ranks run the same one on the same shapes and dtypes (torch's own
 ProcessGroupWrapper, the TORCH_DISTRIBUTED_DEBUG=DETAIL check) and raises naming both ranks'
-calls. That costs one small exchange per collective; ``TORCH_NEURONX_COLLECTIVE_CHECKS=0``
-turns it off.
+calls. That costs a few small exchanges per collective (~2-3 ms on a 2-core VM);
+``TORCH_NEURONX_COLLECTIVE_CHECKS=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -39,12 +39,22 @@ def collective_checks_enabled() -> bool:
 def _bind_local_core() -> None:
     """Make this process see the core of its LOCAL_RANK (once, before the runtime initializes)."""
     global _bound
-    if _bound or "LOCAL_RANK" not in os.environ or "NEURON_RT_VISIBLE_CORES" in os.environ:
+    if _bound or "LOCAL_RANK" not in os.environ:
         _bound = True
         return
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if "NEURON_RT_VISIBLE_CORES" not in os.environ:
+        _set_visible_core(local_rank)
+    _bound = True
+    # DeviceMesh calls set_device(LOCAL_RANK) unless the runtime is initialized. A process that
+    # sees fewer cores than that (one, when bound) initializes now, so neuron:0 stays current.
+    if torch.neuron.device_count() <= local_rank:
+        torch.neuron.init()
+
+
+def _set_visible_core(local_rank: int) -> None:
     from torch_neuronx import _registration, topology
 
-    local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
     topo = topology.current()
     if local_world > topo.logical_cores:
@@ -59,10 +69,6 @@ def _bind_local_core() -> None:
             "or set NEURON_RT_VISIBLE_CORES yourself.")
     os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
     _registration.apply_topology()
-    _bound = True
-    # Initialize now, bound: DeviceMesh otherwise calls set_device(LOCAL_RANK) on an
-    # uninitialized device, and this process sees only neuron:0.
-    torch.neuron.init()
 
 
 def _create_backend(store, rank: int, world_size: int, timeout):

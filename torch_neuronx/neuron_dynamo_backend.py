@@ -125,13 +125,13 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     eager = _copy_graph_module(gm)  # the neuron graph, should compilation fail
     try:
         start = time.perf_counter()
-        if (_has_subclasses(example_inputs) and torch.is_grad_enabled()
-                and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)):
-            raise NotImplementedError(
-                "training through a compiled graph with tensor-subclass inputs (DTensor parameters of a "
-                "tensor-parallel model) is not supported on neuron yet; compile it for inference "
-                "(torch.no_grad()), or train it eagerly")
         if _has_subclasses(example_inputs):
+            if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                               for x in example_inputs):
+                raise NotImplementedError(
+                    "training through a compiled graph with tensor-subclass inputs (DTensor parameters of a "
+                    "tensor-parallel model) is not supported on neuron yet; compile it for inference "
+                    "(torch.no_grad()), or train it eagerly")
             compiled = _compile_unwrapping_subclasses(gm, example_inputs, metrics)
             metrics.compile_us = (time.perf_counter() - start) * 1e6
             metrics.cache = "uncached"
