@@ -94,8 +94,8 @@ on_both("all_to_all", lambda outs, ins: (dist.all_to_all(outs, ins), outs)[1], l
         lambda: [torch.full((2,), 10.0 * rank + r) for r in range(world)])
 on_both("all_to_all_single", lambda out, t: (dist.all_to_all_single(out, t), out)[1], zeros(2 * world),
         mine(2 * world))
-splits_in = [r + 1 for r in range(world)]       # rank r sends r+1 elements to rank... each peer
-splits_out = [rank + 1] * world
+splits_in = [r + 1 for r in range(world)]  # this rank sends r+1 elements to rank r,
+splits_out = [rank + 1] * world  # so it receives rank+1 from every peer
 on_both("all_to_all_single uneven", lambda out, t: (dist.all_to_all_single(out, t, splits_out, splits_in), out)[1],
         zeros(sum(splits_out)), mine(sum(splits_in)))
 

@@ -59,8 +59,10 @@ class Phases:
 
     def __init__(self, pipe, args):
         self.pipe, self.args, self.rows = pipe, args, []
+        self.compiling = False  # once set, each phase reports the graphs it compiled
 
-    def run(self, name, height=None, width=None, steps=None) -> tuple[np.ndarray, Phase]:
+    def run(self, name, against=None, height=None, width=None, steps=None) -> np.ndarray:
+        """Run a phase; ``against`` = (image, label) to check its image with."""
         height, width = height or self.args.height, width or self.args.width
         steps = steps or self.args.steps
         before = len(torch.neuron.get_dynamo_metrics())
@@ -68,11 +70,10 @@ class Phases:
         image = generate(self.pipe, height, width, steps, self.args.seed)
         seconds = time.perf_counter() - start
         new = torch.neuron.get_dynamo_metrics()[before:]
-        compiled = "compiled" in name or "blocks" in name
-        phase = Phase(name, f"{width}x{height}", steps, seconds, len(new) if compiled else None,
-                      ", ".join(f"{m['cache']}" for m in new))
-        self.rows.append(phase)
-        return image, phase
+        self.rows.append(Phase(name, f"{width}x{height}", steps, seconds, len(new) if self.compiling else None,
+                               ", ".join(m["cache"] for m in new),
+                               compare(name, image, *against) if against else ""))
+        return image
 
 
 def table(rows: list[Phase]) -> str:
@@ -100,21 +101,21 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     print(describe_device())
     cpu = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
     phases = Phases(cpu, args)
-    reference, _ = phases.run("cpu eager (the oracle)")
+    reference = phases.run("cpu eager (the oracle)")
     del cpu
 
     pipe = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
     pipe.to("neuron")
     phases.pipe = pipe
-    image, phase = phases.run("neuron eager")
-    phase.difference = compare(phase.name, image, reference, "cpu")
+    image = phases.run("neuron eager", against=(reference, "cpu"))
     pipe.numpy_to_pil(image[None])[0].save(args.output)
+    eager = (image, "eager")
 
     torch.neuron.reset_dynamo_metrics()
+    phases.compiling = True
     pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
-    for name in ("neuron compiled, warm-up", "neuron compiled, second call"):
-        compiled, phase = phases.run(name)
-        phase.difference = compare(phase.name, compiled, image, "eager")
+    phases.run("neuron compiled, warm-up", against=eager)
+    phases.run("neuron compiled, second call", against=eager)
     phases.run("neuron compiled, new size", height=args.height // 2, width=args.width // 2)
     phases.run("neuron compiled, other step count", steps=max(1, args.steps // 2))
 
@@ -123,9 +124,8 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     torch._dynamo.reset()  # a fresh transformer, compiled block by block this time
     pipe.transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
     pipe.transformer.compile_repeated_blocks(backend="neuron", fullgraph=True, dynamic=False)
-    for name in ("repeated blocks compiled, warm-up", "repeated blocks compiled, call"):
-        blocks, phase = phases.run(name)
-        phase.difference = compare(phase.name, blocks, image, "eager")
+    phases.run("repeated blocks compiled, warm-up", against=eager)
+    phases.run("repeated blocks compiled, call", against=eager)
 
     print()
     print(table(phases.rows))
