@@ -11,8 +11,11 @@ TOPOLOGY_VARIABLES = ("TORCH_NEURONX_INSTANCE_TYPE", "NEURON_LOGICAL_NC_CONFIG",
 INHERITED_VARIABLES = TOPOLOGY_VARIABLES + ("TORCHINDUCTOR_CACHE_DIR",)
 
 
+def environment(**env) -> dict:
+    """This process's environment without the inherited variables above, plus ``env``."""
+    return {**{k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}, **env}
+
+
 def run(code: str, argv=(), **env) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}
-    environment.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], env=environment,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], env=environment(**env),
                           capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from isolated import INHERITED_VARIABLES, run
+from isolated import environment, run
 
 HERE = os.path.dirname(__file__)
 
@@ -92,12 +92,11 @@ def _free_port():
 
 def failing_group(failure, ranks=(0, 1), **env):
     """Start the given ranks of tests/distributed/failing_ranks.py; {rank: (error, seconds)}."""
-    environment = {k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}
-    environment.update(FAILURE=failure, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(_free_port()), **env)
+    group_env = environment(FAILURE=failure, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(_free_port()), **env)
     script = os.path.join(HERE, "distributed", "failing_ranks.py")
     started = time.monotonic()
-    processes = [subprocess.Popen([sys.executable, script], env=dict(environment, RANK=str(r), LOCAL_RANK=str(r)),
+    processes = [subprocess.Popen([sys.executable, script], env=dict(group_env, RANK=str(r), LOCAL_RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]
     outcomes = {}
     for p in processes:

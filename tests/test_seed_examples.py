@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from isolated import INHERITED_VARIABLES
+from isolated import environment, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = ["--height", "128", "--width", "128"]
@@ -19,9 +19,7 @@ PIXEL_TOLERANCE = 2  # out of 255: PNG rounding of float32 results that differ i
 
 
 def program(args, cwd, **env):
-    environment = {k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}
-    environment.update(env)
-    r = subprocess.run([sys.executable, *args], cwd=cwd, env=environment, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, *args], cwd=cwd, env=environment(**env), capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return r
@@ -98,17 +96,15 @@ def test_main_job_relaunches_itself_under_torchrun_for_tensor_parallel(tmp_path)
 
 
 def test_a_model_without_weights_is_a_clear_error(tmp_path):
-    environment = {k: v for k, v in os.environ.items() if k not in INHERITED_VARIABLES}
-    environment["HF_HUB_OFFLINE"] = "1"
     cases = {str(tmp_path): "this directory has no Flux2-Klein weights",
              str(tmp_path / "missing"): "no such directory",
              "someone/not-downloaded-flux2": "not in the local Hugging Face cache"}
     for model, expected in cases.items():  # the examples' path: the error propagates
-        r = subprocess.run([sys.executable, "-c", "from torch_neuronx.demo.pipelines import model_source; "
-                            f"model_source({model!r})"], env=environment, capture_output=True, text=True, timeout=300)
+        r = run(f"from torch_neuronx.demo.pipelines import model_source; model_source({model!r})",
+                HF_HUB_OFFLINE="1")
         assert r.returncode == 1 and "ModelNotFoundError: --model" in r.stderr and expected in r.stderr, r.stderr
     demo = subprocess.run([sys.executable, "-m", "torch_neuronx.demo", "--model", str(tmp_path)], cwd=tmp_path,
-                          env=environment, capture_output=True, text=True, timeout=300)
+                          env=environment(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
     assert demo.returncode == 1 and demo.stderr.startswith("error: --model") and "no Flux2-Klein weights" in demo.stderr
 
 
