@@ -14,7 +14,7 @@ namespace neuron {
 namespace {
 
 struct Frame {
-  CallContext ctx{"a neuron compiled graph"};
+  CallContext ctx{kCompiledGraphCall};
   std::vector<std::pair<at::Tensor, at::Tensor>> inputs;  // (neuron tensor, its CPU alias)
   std::vector<int64_t> alias_versions;
 };

@@ -7,7 +7,25 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
+
 namespace neuron {
+
+class CallContext;
+
+// ---- op_tracking.cpp: which ops ran (torch_neuronx.get_executed_ops) --------
+// 0: off; 1: count the calls of each op (the default, ~50 ns a call);
+// 2: also hand each call's tensors to the Python diagnostics
+// (torch_neuronx.diagnostics), which records signatures and findings.
+extern std::atomic<int> g_op_tracking_level;
+inline int op_tracking_level() { return g_op_tracking_level.load(std::memory_order_relaxed); }
+// Called when an op call's CallContext ends; skipped when the op threw.
+void record_op(const CallContext& ctx) noexcept;
+// The name of the CallContext that carries a compiled graph's inputs: not an op, not tracked.
+extern const char kCompiledGraphCall[];
+void set_op_tracking_level(int64_t level);
+std::tuple<std::vector<std::string>, std::vector<int64_t>> op_counts();
+void clear_op_counts();
 
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
@@ -27,6 +45,20 @@ at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like);
 class CallContext {
  public:
   explicit CallContext(const char* op_name) : op_name_(op_name) { sync_intraop_threads(); }
+  ~CallContext() {
+    if (C10_UNLIKELY(op_tracking_level() != 0)) record_op(*this);
+  }
+  CallContext(const CallContext&) = delete;
+  CallContext& operator=(const CallContext&) = delete;
+
+  const char* op_name() const { return op_name_; }
+  // The boxed fallback's op names lack the overload; diagnostics want it.
+  void set_overload_name(const std::string* overload) { overload_name_ = overload; }
+  const std::string* overload_name() const { return overload_name_; }
+  // Recorded only when diagnostics observe calls (level 2): every tensor
+  // argument (neuron or CPU) in argument order, and the neuron results.
+  const c10::SmallVector<at::Tensor, 4>& observed_inputs() const { return observed_inputs_; }
+  const c10::SmallVector<at::Tensor, 2>& observed_results() const { return observed_results_; }
 
   // The CPU alias of a tensor argument (CPU tensors pass through). A CPU tensor
   // with dims beside neuron tensors is a device mismatch unless `cpu_ok`
@@ -47,11 +79,16 @@ class CallContext {
 
   // A CPU result of the kernel as a neuron tensor: an aliased input maps back to
   // itself, a view of an aliased storage to a neuron view, fresh memory is adopted.
-  at::Tensor to_neuron(const at::Tensor& cpu_result);
+  at::Tensor to_neuron(const at::Tensor& cpu_result) {
+    at::Tensor result = to_neuron_impl(cpu_result);
+    if (C10_UNLIKELY(op_tracking_level() >= 2) && result.defined()) observed_results_.push_back(result);
+    return result;
+  }
   // Propagate what the kernel did to aliased arguments (resize, set_, restride).
   void sync_mutated();
 
  private:
+  at::Tensor to_neuron_impl(const at::Tensor& cpu_result);
   c10::Storage neuron_storage_for(const c10::Storage& cpu_storage);
   at::Tensor retag_fresh_result(const at::Tensor& cpu_result);
 
@@ -69,6 +106,7 @@ class CallContext {
   };
 
   const char* op_name_;
+  const std::string* overload_name_ = nullptr;
   c10::DeviceIndex device_ = -1;
   c10::DeviceIndex other_neuron_device_ = -1;
   c10::DeviceIndex output_device_ = -1;
@@ -76,6 +114,8 @@ class CallContext {
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;
   c10::SmallVector<AdoptedPair, 2> adopted_;
+  c10::SmallVector<at::Tensor, 4> observed_inputs_;
+  c10::SmallVector<at::Tensor, 2> observed_results_;
 };
 
 }  // namespace neuron

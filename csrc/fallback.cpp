@@ -58,6 +58,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = arguments.size();
   const size_t begin = stack->size() - num_args;
   CallContext ctx(schema.name().c_str());
+  ctx.set_overload_name(&schema.overload_name());
 
   bool results_stay_on_cpu = false;  // an explicit device='cpu' argument
   c10::SmallVector<size_t, 2> default_generator_slots;

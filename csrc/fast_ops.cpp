@@ -35,9 +35,9 @@ namespace {
     return out;                                                                                   \
   }
 
-#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP)                                                      \
+#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP, NAME)                                                \
   at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b) {                              \
-    CallContext ctx("aten::" #OP);                                                                \
+    CallContext ctx(NAME);                                                                        \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     return ctx.to_neuron(at::cpu::OP(ca, cb));                                                    \
@@ -53,7 +53,7 @@ namespace {
 
 #define NEURON_BINARY_INPLACE(OP)                                                                 \
   at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b) {                                  \
-    CallContext ctx("aten::" #OP "_");                                                            \
+    CallContext ctx("aten::" #OP "_.Tensor");                                                     \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     at::cpu::OP##_(ca, cb);                                                                       \
@@ -62,12 +62,12 @@ namespace {
 
 NEURON_BINARY_WITH_ALPHA(add)
 NEURON_BINARY_WITH_ALPHA(sub)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mul)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mul, "aten::mul.Tensor")
 NEURON_BINARY_INPLACE(mul)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(div)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor")
 NEURON_BINARY_INPLACE(div)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mm)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm")
+NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm")
 
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
                  const at::Scalar& alpha) {

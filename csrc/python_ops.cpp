@@ -74,6 +74,13 @@ TORCH_LIBRARY(neuron, m) {
   m.def("_route_generic_kernel_ops_to_fallback() -> int", []() { return route_generic_kernel_ops_to_fallback(); });
   m.def("_reset_peak_memory_stats(int index) -> ()", [](int64_t i) { reset_peak_stats(checked_index(i)); });
   m.def("_route_c10d_ops_to_fallback() -> int", []() { return route_c10d_ops_to_fallback(); });
+  m.def("_set_op_tracking_level(int level) -> ()", &set_op_tracking_level);
+  m.def("_op_tracking_level() -> int", []() -> int64_t { return op_tracking_level(); });
+  m.def("_op_counts() -> (str[], int[])", &op_counts);
+  m.def("_clear_op_counts() -> ()", &clear_op_counts);
+  // Implemented in Python (torch_neuronx.diagnostics.observer) for the CPU key; the core calls it
+  // for each op call at tracking level 2.
+  m.def("_observe_op(str op, Tensor[] inputs, Tensor[] results) -> ()");
 }
 
 }  // namespace neuron
