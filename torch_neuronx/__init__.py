@@ -35,5 +35,13 @@ else:
 
 is_registered = _registration.is_registered
 
+# Trainium readiness (torch_neuronx.diagnostics): TorchNeuron's op tracking, and the report.
+if is_registered():
+    from torch_neuronx import diagnostics  # noqa: E402
+    from torch_neuronx.diagnostics import (clear_op_tracking, get_executed_ops, get_fallback_ops,  # noqa: E402
+                                           report)
+
+    diagnostics.enable_from_env()
+
 # TorchNeuron's torch_neuronx.memory_* aliases: the whole torch.neuron.memory API.
 from torch_neuronx.neuron.memory import *  # noqa: E402,F401,F403

@@ -25,6 +25,7 @@ import torch
 import torch._dynamo
 
 from torch_neuronx.compile import compiled_graphs, host_code
+from torch_neuronx.diagnostics import observer
 from torch_neuronx.compile.host_code import NEFFExecutionError  # noqa: F401  (raised by compiled graphs)
 
 __all__ = ["NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
@@ -137,6 +138,9 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
             metrics.cache = "uncached"
             return compiled
         fake_mode = detect_fake_mode(example_inputs)
+        observed = observer.active() is not None  # diagnostics: cost each call of this graph
+        if observed:
+            observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
         host_code.rewrite_to_cpu(gm, fake_mode)
         cpu_inputs = host_code.cpu_example_inputs(example_inputs, fake_mode)
         rewritten = time.perf_counter()
@@ -158,7 +162,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                       "running it eagerly", RuntimeWarning, stacklevel=2)
         metrics.fell_back = True
         return eager.forward
-    return host_code.run_graph_on_neuron(compiled)
+    call = host_code.run_graph_on_neuron(compiled)
+    return observer.count_calls(metrics.graph_name, call) if observed else call
 
 
 def _has_subclasses(example_inputs) -> bool:

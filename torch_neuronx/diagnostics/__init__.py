@@ -1,0 +1,72 @@
+"""Trainium readiness: what would break or be slow on a real NeuronCore, from the actual run.
+
+    torch_neuronx.diagnostics.start()          # or TORCH_NEURONX_REPORT=1, or python -m torch_neuronx.run
+    with torch_neuronx.diagnostics.phase("denoise"):
+        ...
+    print(torch_neuronx.report())             # a Report dataclass; prints as a table
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import warnings
+
+from torch_neuronx.diagnostics import report as _report
+from torch_neuronx.diagnostics.observer import phase, start, stop
+from torch_neuronx.diagnostics.op_tracking import (clear_op_tracking, get_executed_ops, get_fallback_ops,
+                                                 get_op_counts)
+from torch_neuronx.diagnostics.report import Report
+
+REPORT_ENV = "TORCH_NEURONX_REPORT"
+PROFILE_ENV = "TORCH_NEURONX_REPORT_PROFILE"
+
+__all__ = ["Report", "clear_op_tracking", "get_executed_ops", "get_fallback_ops", "get_op_counts", "get_op_signatures", "phase",
+           "report", "start", "stop", "write"]
+
+
+def report(profile=None) -> Report:
+    """What was collected so far, with findings and an estimate on ``profile`` (default: the emulated
+    instance's chip and LNC; or "Trainium2:2", "Trainium3:1", a TrainiumProfile)."""
+    return _report.build(profile or os.environ.get(PROFILE_ENV) or None)
+
+
+def get_op_signatures() -> dict[str, int]:
+    """Each distinct eager call seen while collecting, 'op(shapes and dtypes)' -> calls. Each is one
+    NEFF compile in TorchNeuron's eager mode."""
+    return {f"{s.op}({', '.join(s.inputs)})": s.calls for s in report().signatures}
+
+
+def write(result: Report, directory: str) -> dict[str, str]:
+    """Write ``result`` as report.txt, report.json and report.html into ``directory``; returns the paths."""
+    from torch_neuronx.diagnostics import html
+
+    os.makedirs(directory, exist_ok=True)
+    paths = {kind: os.path.join(directory, f"report.{kind}") for kind in ("txt", "json", "html")}
+    for kind, content in (("txt", str(result)), ("json", result.to_json()), ("html", html.render(result))):
+        tmp = paths[kind] + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(content + "\n")
+        os.replace(tmp, paths[kind])
+    return paths
+
+
+def _print_at_exit() -> None:
+    try:
+        print(report(), file=sys.stderr)
+    except Exception as error:  # noqa: BLE001 - never turn a finished program into a failed one
+        print(f"torch_neuronx: the report failed: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+def enable_from_env() -> None:
+    """TORCH_NEURONX_REPORT=1: collect from import on, print the report at exit."""
+    value = os.environ.get(REPORT_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return
+    if value not in ("1", "true", "yes", "on"):
+        warnings.warn(f"{REPORT_ENV}={os.environ[REPORT_ENV]!r} is not understood: set it to 1 to print the "
+                      "Trainium readiness report at exit, or 0 (or unset it) for none", RuntimeWarning,
+                      stacklevel=2)
+        return
+    start()
+    atexit.register(_print_at_exit)

@@ -1,0 +1,280 @@
+"""A roofline estimate of what an op costs on a Trainium NeuronCore: an estimate, not a measurement.
+
+Each op call costs max(FLOPs / peak FLOP rate, bytes moved / HBM bandwidth). FLOPs follow
+``torch.utils.flop_counter``'s conventions (its own formulas are called): only matmuls,
+convolutions and attention count, a multiply-add is 2 FLOPs, bias adds are free. Bytes are every
+tensor argument read plus every result written, each once (no fusion, no caching in SRAM).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.utils.flop_counter as flop_counter
+
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """Published numbers of one Trainium chip."""
+
+    chip: str
+    physical_cores: int
+    bf16_tflops: float  # dense BF16/FP16 (TensorEngine)
+    fp32_tflops: float
+    fp8_tflops: float
+    hbm_tb_per_s: float
+    source: str
+
+
+CHIPS = {
+    "Trainium2": ChipSpec("Trainium2", 8, 667.0, 181.0, 1299.0, 2.9,
+                          "AWS Trn2 specifications: 667 TFLOPS dense BF16, 181 FP32, 1299 FP8, 2.9 TB/s HBM"),
+    "Trainium3": ChipSpec("Trainium3", 8, 671.0, 181.0, 2517.0, 4.9,
+                          "AWS Trn3 specifications: 671 TFLOPS BF16, 2517 MXFP8, 4.9 TB/s HBM; FP32 is not "
+                          "published, Trainium2's 181 TFLOPS is assumed"),
+    "Trainium": ChipSpec("Trainium", 2, 190.0, 47.5, 190.0, 0.82,
+                         "AWS Trn1 instance page (trn1.32xlarge: 16 chips, 3040 TFLOPS BF16, 760 FP32, "
+                         "13.1 TB/s HBM), divided by 16; no FP8, BF16 assumed"),
+}
+
+
+@dataclass(frozen=True)
+class TrainiumProfile:
+    """The peak rates of one logical NeuronCore (the unit of one ``neuron`` device)."""
+
+    name: str
+    chip: str
+    lnc: int
+    bf16_tflops: float
+    fp32_tflops: float
+    fp8_tflops: float
+    hbm_tb_per_s: float
+    source: str
+
+    def peak_flops(self, dtype: torch.dtype | None) -> float:
+        if dtype in (torch.bfloat16, torch.float16):
+            return self.bf16_tflops * TERA
+        if dtype is not None and dtype.is_floating_point and dtype.itemsize == 1:
+            return self.fp8_tflops * TERA
+        return self.fp32_tflops * TERA
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_tb_per_s * TERA
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def profile_for(chip: str, lnc: int) -> TrainiumProfile:
+    """One logical core of ``chip`` at ``lnc``: its share (``lnc`` physical cores) of the chip's peaks."""
+    if chip not in CHIPS:
+        raise ValueError(f"no cost profile for chip {chip!r}; known chips: {', '.join(sorted(CHIPS))}")
+    spec = CHIPS[chip]
+    if lnc not in (1, 2) or spec.physical_cores % lnc:
+        raise ValueError(f"LNC must be 1 or 2 for {chip}, got {lnc}")
+    share = lnc / spec.physical_cores
+    return TrainiumProfile(
+        name=f"{chip}, one logical NeuronCore at LNC={lnc} ({lnc}/{spec.physical_cores} of a chip)",
+        chip=chip, lnc=lnc, bf16_tflops=spec.bf16_tflops * share, fp32_tflops=spec.fp32_tflops * share,
+        fp8_tflops=spec.fp8_tflops * share, hbm_tb_per_s=spec.hbm_tb_per_s * share, source=spec.source)
+
+
+def current_profile() -> TrainiumProfile:
+    """The profile of the emulated instance (``TORCH_NEURONX_INSTANCE_TYPE``, ``NEURON_LOGICAL_NC_CONFIG``)."""
+    from torch_neuronx import topology
+
+    current = topology.current()
+    return profile_for(current.profile.chip, current.lnc)
+
+
+# ---- op families -------------------------------------------------------------------------------
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "matmul", "linear", "addmv", "mv",
+              "dot", "vdot", "_int_mm", "addr", "outer"}
+REDUCTION_OPS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "std_mean",
+                 "argmax", "argmin", "cumsum", "cumprod", "logsumexp", "any", "all", "linalg_vector_norm",
+                 "norm", "aminmax", "count_nonzero", "median", "nansum"}
+DATA_MOVEMENT_OPS = {"cat", "stack", "gather", "scatter", "scatter_add", "scatter_reduce", "index", "index_put",
+                     "_index_put_impl", "index_select", "index_add", "index_copy", "embedding",
+                     "embedding_dense_backward", "_unsafe_index", "repeat", "clone", "constant_pad_nd", "flip",
+                     "roll", "sort", "topk", "masked_fill", "masked_scatter", "masked_select", "nonzero",
+                     "_unsafe_view", "tril", "triu", "fill", "zero", "arange", "full", "ones", "zeros",
+                     "repeat_interleave", "copy", "_to_copy", "upsample_nearest2d", "upsample_bilinear2d",
+                     "_upsample_nearest_exact2d", "reflection_pad2d", "replication_pad2d", "unfold", "im2col",
+                     "col2im", "slice_scatter", "select_scatter", "diagonal_scatter", "where"}
+HOST_TRANSFER = "host transfer"
+
+
+def base_name(op: str) -> str:
+    """'aten::add_.Tensor' -> 'add' (namespace, overload and in-place underscore removed)."""
+    name = op.split("::", 1)[-1].split(".", 1)[0]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+@functools.lru_cache(maxsize=None)
+def op_overload(op: str):
+    """The OpOverload of 'ns::name.overload' (or 'ns::name'), or None."""
+    namespace, _, rest = op.partition("::")
+    name, _, overload = rest.partition(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def uses_generator(op: str) -> bool:
+    """Whether the op draws random numbers (its schema takes a Generator)."""
+    overload = op_overload(op)
+    if overload is None:
+        return False
+    return any("Generator" in str(arg.type) for arg in overload._schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def family(op: str) -> str:
+    """The op family a call is reported under."""
+    base = base_name(op)
+    if base in MATMUL_OPS:
+        return "matmul"
+    if "convolution" in base or base.startswith("conv"):
+        return "convolution"
+    if "scaled_dot_product" in base or "flash_attention" in base or "efficient_attention" in base:
+        return "attention"
+    if uses_generator(op):
+        return "random"
+    if "softmax" in base:
+        return "softmax"
+    if "norm" in base and base not in REDUCTION_OPS:
+        return "normalization"
+    if base == "_local_scalar_dense":
+        return HOST_TRANSFER
+    if base in REDUCTION_OPS:
+        return "reduction"
+    if base in DATA_MOVEMENT_OPS:
+        return "data movement"
+    overload = op_overload(op)
+    if overload is not None and torch.Tag.pointwise in overload.tags:
+        return "elementwise"
+    if base.endswith("_backward") or base.endswith("_backward_data"):
+        return "elementwise"  # the pointwise backwards (gelu, silu, threshold, ...)
+    return "other"
+
+
+# ---- FLOPs and bytes ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(tuple(t.shape), t.dtype, t.device.type)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        short = str(self.dtype).replace("torch.", "").replace("float", "f").replace("bfloat", "bf")
+        where = "" if self.device == "neuron" else f"@{self.device}"
+        return f"{short}[{', '.join(map(str, self.shape))}]{where}"
+
+
+def _is_transposed_conv(x: TensorMeta, out: TensorMeta) -> bool:
+    # The call does not carry the `transposed` flag here: a transposed convolution upsamples.
+    return math.prod(out.shape[2:]) > math.prod(x.shape[2:])
+
+
+def flops(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ...]) -> int:
+    """FLOPs of one call, by torch.utils.flop_counter's formulas (0 for ops it does not count)."""
+    base = base_name(op)
+    shapes = [m.shape for m in inputs]
+    try:
+        if base == "mm":
+            return flop_counter.mm_flop(shapes[0], shapes[1])
+        if base == "addmm":
+            return flop_counter.addmm_flop(shapes[0], shapes[1], shapes[2])
+        if base == "bmm":
+            return flop_counter.bmm_flop(shapes[0], shapes[1])
+        if base == "baddbmm":
+            return flop_counter.baddbmm_flop(shapes[0], shapes[1], shapes[2])
+        if base in ("convolution_overrideable", "convolution", "_convolution") and results:
+            return flop_counter.conv_flop_count(list(shapes[0]), list(shapes[1]), list(results[0].shape),
+                                                transposed=_is_transposed_conv(inputs[0], results[0]))
+        if base == "convolution_backward_overrideable" and len(inputs) >= 3:
+            grad_out, x, w = inputs[:3]
+            transposed = _is_transposed_conv(x, grad_out)
+            # grad of the input and of the weight: each costs one forward convolution.
+            defined = [r for r in results[:2]]
+            per_grad = flop_counter.conv_flop_count(list(x.shape), list(w.shape), list(grad_out.shape),
+                                                    transposed=transposed)
+            return per_grad * max(1, len(defined))
+        if "scaled_dot_product" in base or base in ("_flash_attention_forward", "_efficient_attention_forward"):
+            if base.endswith("_backward"):
+                return flop_counter.sdpa_backward_flop_count(shapes[0], shapes[1], shapes[2], shapes[3])
+            return flop_counter.sdpa_flop_count(shapes[0], shapes[1], shapes[2])
+    except (IndexError, ValueError, AssertionError, TypeError):
+        return 0  # a shape the formula does not take: counted as no FLOPs, like FlopCounterMode
+    return 0
+
+
+def bytes_moved(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ...]) -> int:
+    """Bytes read and written by one call: each tensor argument once, each result once.
+
+    An in-place op without a separate result writes its first argument.
+    """
+    moved = sum(m.nbytes for m in inputs) + sum(m.nbytes for m in results)
+    if not results and inputs and op.split("::", 1)[-1].split(".", 1)[0].endswith("_"):
+        moved += inputs[0].nbytes
+    return moved
+
+
+def compute_dtype(inputs: tuple[TensorMeta, ...]) -> torch.dtype | None:
+    for m in inputs:
+        if m.dtype.is_floating_point:
+            return m.dtype
+    return inputs[0].dtype if inputs else None
+
+
+@dataclass(frozen=True)
+class OpCost:
+    flops: int
+    bytes: int
+    seconds: float
+    bound: str  # "compute" or "memory"
+
+
+def op_cost(profile: TrainiumProfile, op: str, inputs: tuple[TensorMeta, ...],
+            results: tuple[TensorMeta, ...]) -> OpCost:
+    """The roofline time of one call on ``profile``."""
+    f = flops(op, inputs, results)
+    b = bytes_moved(op, inputs, results)
+    compute_s = f / profile.peak_flops(compute_dtype(inputs)) if f else 0.0
+    memory_s = b / profile.hbm_bytes_per_s
+    return OpCost(f, b, max(compute_s, memory_s), "compute" if compute_s > memory_s else "memory")
+
+
+def assumptions(profile: TrainiumProfile) -> list[str]:
+    return [
+        f"ESTIMATE, not a measurement: a roofline model of {profile.name}: "
+        f"{profile.bf16_tflops:g} TFLOPS BF16/FP16, {profile.fp32_tflops:g} TFLOPS FP32, "
+        f"{profile.hbm_tb_per_s:g} TB/s HBM ({profile.source}).",
+        "Each op call costs max(FLOPs / peak, bytes / HBM bandwidth), at 100% of peak, with no launch or "
+        "dispatch overhead; the real time is higher.",
+        "FLOPs follow torch.utils.flop_counter: only matmuls, convolutions and attention count (2 per "
+        "multiply-add); elementwise, normalization and reduction ops are memory-bound (bytes only).",
+        "Bytes: every tensor argument read once and every result written once; no fusion and no reuse "
+        "from on-chip SRAM, so compiled graphs, which fuse ops, usually move less.",
+        "FP32 matmuls are costed at the FP32 rate (neuronx-cc's --auto-cast would run them at the BF16 rate).",
+        "Host<->device copies and .item() are not in the estimate (they cross the host link, not HBM); "
+        "they are counted as syncs.",
+        "Compiled graphs: their forward ops are costed per call; the backward of a compiled training "
+        "graph is not.",
+    ]

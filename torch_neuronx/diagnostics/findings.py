@@ -1,0 +1,163 @@
+"""What would go wrong or be slow on a real Trainium, found in one call of an op on neuron.
+
+Each finding names the op, how often it happened and the user's source line: the first frame
+outside torch and torch_neuronx (a call from autograd's backward thread has none: it names the
+backward node instead).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from torch_neuronx.diagnostics import cost_model, unsupported_ops
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# Kinds, in the order the report lists them, with what each means on Trainium.
+KINDS = {
+    "cpu-fallback": "TorchNeuron runs this op on the CPU (a host round trip per call)",
+    "float64": "Trainium has no float64: TorchNeuron computes it in float32",
+    "int64-range": "TorchNeuron computes int64 in 32 bits: these values do not fit",
+    "host-sync-in-loop": "each call waits for the device and copies to the host",
+    "recompile": "each new input shape compiles a new graph (a NEFF), minutes each on neuronx-cc",
+    "graph-break": "the graph is split: more NEFFs, and host work between them",
+    "device-rng": "random numbers on the device: TorchNeuron draws them from the CPU generator",
+    "memory": "the peak memory of a core against its HBM",
+}
+
+
+@dataclass
+class Finding:
+    kind: str
+    op: str
+    site: str
+    count: int = 0
+    detail: str = ""
+    examples: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "op": self.op, "site": self.site, "count": self.count, "detail": self.detail,
+                "meaning": KINDS.get(self.kind, "")}
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith((_TORCH_DIR, _PACKAGE_DIR, "<frozen")) or filename == __file__
+
+
+def user_site() -> tuple[str, bool]:
+    """(the user's file:line, whether the call came from printing a tensor)."""
+    frame = sys._getframe(1)
+    printing = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.endswith("_tensor_str.py") or frame.f_code.co_name in ("__repr__", "__format__"):
+            printing = printing or filename.startswith(_TORCH_DIR)
+        if not _internal(filename):
+            return f"{filename}:{frame.f_lineno}", printing
+        frame = frame.f_back
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return f"backward ({node.name()})", printing
+    return "<unknown>", printing
+
+
+class Detector:
+    """Turns observed calls into findings, aggregated by (kind, op, site)."""
+
+    def __init__(self) -> None:
+        self.findings: dict[tuple[str, str, str], Finding] = {}
+
+    def add(self, kind: str, op: str, site: str, detail: str) -> None:
+        key = (kind, op, site)
+        finding = self.findings.get(key)
+        if finding is None:
+            finding = self.findings[key] = Finding(kind, op, site, detail=detail)
+        finding.count += 1
+
+    def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+        """Look at one op call on neuron; computes the user's line only when something is found."""
+        hits: list[tuple[str, str]] = []
+        base = cost_model.base_name(op)
+        entry = unsupported_ops.lookup(op)
+        if entry is not None:
+            hits.append(("cpu-fallback", f"{entry.reason} [{entry.source}]"))
+        neuron = [t for t in (*inputs, *results) if t.device.type == "neuron"]
+        wide = sorted({str(t.dtype).replace("torch.", "") for t in neuron
+                       if t.dtype in (torch.float64, torch.complex128)})
+        if wide:
+            hits.append(("float64", f"{', '.join(wide)} tensors"))
+        for t in neuron:
+            if t.dtype == torch.int64 and t.numel() > 0:
+                low, high = (int(v) for v in torch.aminmax(t))
+                if low < INT32_MIN or high > INT32_MAX:
+                    hits.append(("int64-range", f"values in [{low}, {high}] leave the int32 range"))
+                    break
+        sync = self._sync(base, inputs, results)
+        if cost_model.uses_generator(op):
+            hits.append(("device-rng", "draws random numbers on neuron"))
+        if not hits and sync is None:
+            return
+        site, printing = user_site()
+        for kind, detail in hits:
+            self.add(kind, op, site, detail)
+        if sync is not None:
+            self.add("host-sync", op, site, "printing a tensor" if printing else sync)
+
+    @staticmethod
+    def _sync(base: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> str | None:
+        if base == "_local_scalar_dense":
+            return ".item() (or bool/int/float of a tensor, e.g. `if t.any():`)"
+        if base == "_to_copy" and inputs and inputs[0].device.type == "neuron" and not results:
+            return ".cpu() / .to('cpu') / .numpy() / .tolist()"
+        if base == "copy" and len(inputs) >= 2 and inputs[0].device.type == "cpu" \
+                and inputs[1].device.type == "neuron":
+            return "a copy into a CPU tensor"
+        return None
+
+    def collected(self) -> list[Finding]:
+        """The findings worth reporting: a host sync only where it repeats (a loop), every other kind."""
+        out = []
+        for finding in self.findings.values():
+            if finding.kind == "host-sync":
+                if finding.count < 2:
+                    continue  # one read of a result at the end is what every program does
+                finding = Finding("host-sync-in-loop", finding.op, finding.site, finding.count,
+                                  f"{finding.detail}, {finding.count} times")
+            out.append(finding)
+        return out
+
+
+def compile_findings(known_compile_ids: set[str]) -> list[Finding]:
+    """Recompiles and graph breaks since collection started, from Dynamo's compilation metrics."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    metrics = [m for m in get_compilation_metrics() if str(m.compile_id) not in known_compile_ids]
+    resumes: dict[tuple[str, str], list[int]] = {}
+    for m in metrics:  # a graph break resumes in torch_dynamo_resume_in_<fn>_at_<line>
+        name = m.co_name or ""
+        if name.startswith("torch_dynamo_resume_in_") and "_at_" in name:
+            fn, _, line = name[len("torch_dynamo_resume_in_"):].rpartition("_at_")
+            if line.isdigit():
+                resumes.setdefault((m.co_filename or "", fn), []).append(int(line))
+    found: dict[tuple[str, str, str], Finding] = {}
+
+    def add(kind: str, site: str, op: str, detail: str) -> None:
+        finding = found.setdefault((kind, op, site), Finding(kind, op, site, detail=detail))
+        finding.count += 1
+
+    for m in metrics:
+        where = f"{m.co_filename}:{m.co_firstlineno}"
+        if m.recompile_reason:
+            add("recompile", where, f"{m.co_name}()", m.recompile_reason.splitlines()[0])
+        for reason in sorted(m.restart_reasons or ()):
+            lines = sorted(set(resumes.get((m.co_filename or "", m.co_name or ""), [])))
+            site = f"{m.co_filename}:{lines[0]}" if lines else where
+            add("graph-break", site, f"{m.co_name}()", " ".join(reason.split("\n")[:2]).strip())
+    return list(found.values())

@@ -1,0 +1,224 @@
+"""Collection: while diagnostics are on, the core hands every op call on neuron to :func:`_observe`.
+
+It records each call's signature (op, input shapes, dtypes) under the current phase, checks it for
+findings, and samples memory. Compiled graphs are recorded once when compiled (their ops run on
+FakeTensors) and counted per call. Collection costs ~20-40 us per eager op; it is off by default.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from torch_neuronx.diagnostics import cost_model, findings
+from torch_neuronx.diagnostics.cost_model import TensorMeta
+
+DEFAULT_PHASE = "run"
+TIMELINE_EVERY = 4  # memory is sampled every this many observed calls
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One distinct op call: in TorchNeuron's eager mode, one NEFF compile."""
+
+    op: str
+    inputs: tuple[TensorMeta, ...]
+
+    @property
+    def family(self) -> str:
+        return cost_model.family(self.op)
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    seconds: float = 0.0
+    calls: Counter = field(default_factory=Counter)  # Signature -> calls
+    graph_calls: Counter = field(default_factory=Counter)  # compiled graph name -> calls
+
+
+@dataclass
+class CompiledGraph:
+    name: str
+    ops: list[tuple[str, tuple[TensorMeta, ...], tuple[TensorMeta, ...]]]
+    error: str = ""
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.started = time.perf_counter()
+        self.results: dict[Signature, tuple[TensorMeta, ...]] = {}  # first call's result metadata
+        self.phases: dict[str, PhaseRecord] = {}
+        self.phase = self._phase(DEFAULT_PHASE)
+        self.phase_started = self.started
+        self.detector = findings.Detector()
+        self.graphs: dict[str, CompiledGraph] = {}
+        self.timeline: list[tuple[float, int]] = []
+        self.observed = 0
+        from torch._dynamo.utils import get_compilation_metrics
+
+        self.known_compile_ids = {str(m.compile_id) for m in get_compilation_metrics()}
+
+    def _phase(self, name: str) -> PhaseRecord:
+        if name not in self.phases:
+            self.phases[name] = PhaseRecord(name)
+        return self.phases[name]
+
+    def switch_phase(self, name: str) -> str:
+        with self.lock:
+            now = time.perf_counter()
+            self.phase.seconds += now - self.phase_started
+            previous, self.phase, self.phase_started = self.phase.name, self._phase(name), now
+            return previous
+
+    def close_phase(self) -> None:
+        self.switch_phase(self.phase.name)
+
+    def observe(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+        if "::" not in op:
+            return  # the core's own calls (entering a compiled graph), not ops
+        if op.endswith(".default"):
+            op = op[: -len(".default")]
+        # A Python number passed as a tensor (x * 2) reaches Python as the number: not a tensor argument.
+        inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
+        signature = Signature(op, tuple(TensorMeta.of(t) for t in inputs))
+        with self.lock:
+            if signature not in self.results:
+                self.results[signature] = tuple(TensorMeta.of(t) for t in results)
+            self.phase.calls[signature] += 1
+            self.observed += 1
+            sample = self.observed % TIMELINE_EVERY == 0
+        self.detector.check_call(op, inputs, results)
+        if sample:
+            self.sample_memory()
+
+    def sample_memory(self) -> None:
+        allocated = sum(torch.ops.neuron._memory_stats(i)[0] for i in range(torch.ops.neuron._device_count()))
+        with self.lock:
+            self.timeline.append((time.perf_counter() - self.started, allocated))
+
+    def graph_called(self, name: str) -> None:
+        with self.lock:
+            self.phase.graph_calls[name] += 1
+
+
+_collector: Collector | None = None
+_last: Collector | None = None  # the last one stopped, still reportable
+
+
+def active() -> Collector | None:
+    return _collector
+
+
+def last() -> Collector | None:
+    return _last
+
+
+def _observe(op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+    collector = _collector
+    if collector is not None:
+        collector.observe(op, inputs, results)
+
+
+_observer_library = torch.library.Library("neuron", "IMPL")  # noqa: the core calls neuron::_observe_op
+_observer_library.impl("_observe_op", _observe, "CPU")
+
+
+def start() -> Collector:
+    """Start collecting (a no-op if already collecting); returns the collector."""
+    global _collector
+    if _collector is None:
+        _collector = Collector()
+        torch.ops.neuron._set_op_tracking_level(2)
+    return _collector
+
+
+def stop() -> Collector | None:
+    """Stop collecting; returns what was collected (kept for :func:`report`)."""
+    global _collector, _last
+    collector = _collector
+    if collector is not None:
+        torch.ops.neuron._set_op_tracking_level(1)
+        collector.close_phase()
+        _collector, _last = None, collector
+    return collector
+
+
+def clear() -> None:
+    """Forget what was collected; collection stays on if it was."""
+    global _collector, _last
+    _last = None
+    if _collector is not None:
+        _collector = Collector()
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Attribute the ops run inside to phase ``name`` in the report (does nothing when not collecting)."""
+    collector = _collector
+    if collector is None:
+        yield
+        return
+    previous = collector.switch_phase(name)
+    try:
+        yield
+    finally:
+        collector.switch_phase(previous)
+
+
+# ---- compiled graphs ---------------------------------------------------------------------------
+class _GraphOpRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple[TensorMeta, ...], tuple[TensorMeta, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(func, torch._ops.OpOverload):
+            name = func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
+            metas = lambda tree: tuple(TensorMeta.of(t) for t in tree_leaves(tree)  # noqa: E731
+                                       if isinstance(t, torch.Tensor))
+            self.ops.append((name, metas((args, kwargs)), metas(out)))
+        return out
+
+
+def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -> None:
+    """Run a Dynamo graph on FakeTensors and keep its ops, to cost each call of the compiled graph."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    collector = _collector
+    if collector is None:
+        return
+    recorder = _GraphOpRecorder()
+    graph = CompiledGraph(name, recorder.ops)
+    try:
+        # A fresh fake mode and new fakes: Dynamo's own inputs and fakes stay untouched.
+        with FakeTensorMode(), torch.no_grad():
+            inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+                      if isinstance(x, torch.Tensor) else x for x in example_inputs]
+            with recorder:
+                gm(*inputs)
+    except Exception as error:  # a graph we cannot replay is reported, never fatal
+        graph.error = f"{type(error).__name__}: {error}"[:200]
+    with collector.lock:
+        collector.graphs[name] = graph
+
+
+def count_calls(name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a compiled graph's callable so each call is counted in the current phase."""
+    def call(*args):
+        collector = _collector
+        if collector is not None and name in collector.graphs:
+            collector.graph_called(name)
+        return compiled(*args)
+
+    call.__wrapped__ = compiled
+    return call

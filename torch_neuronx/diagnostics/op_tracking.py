@@ -1,0 +1,40 @@
+"""TorchNeuron's op tracking: which ops ran on neuron, and which a Trainium would run on the CPU.
+
+Counting is always on (one hash-map increment per op call in the core). As in TorchNeuron, the
+functions return lists of unique op names as the dispatcher knows them (``aten::add.Tensor``,
+``aten::mm``); :func:`get_op_counts` adds how often each ran.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from torch_neuronx.diagnostics import observer, unsupported_ops
+
+
+def get_op_counts() -> dict[str, int]:
+    """Each op that ran on neuron since the last :func:`clear_op_tracking` -> its number of calls."""
+    names, calls = torch.ops.neuron._op_counts()
+    counts: Counter = Counter()
+    for name, n in zip(names, calls):
+        counts[name] += n
+    return dict(sorted(counts.items()))
+
+
+def get_executed_ops() -> list[str]:
+    """The ops that ran on neuron since the last :func:`clear_op_tracking` (sorted, unique)."""
+    return list(get_op_counts())
+
+
+def get_fallback_ops() -> list[str]:
+    """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore (each one's source
+    is in ``torch_neuronx.diagnostics.unsupported_ops.TABLE``). Every op runs on the host here; these
+    are the ones that would cost a host round trip on Trainium."""
+    return [name for name in get_op_counts() if unsupported_ops.lookup(name) is not None]
+
+
+def clear_op_tracking() -> None:
+    """Forget the executed ops, and everything diagnostics collected so far."""
+    torch.ops.neuron._clear_op_counts()
+    observer.clear()

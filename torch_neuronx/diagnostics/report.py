@@ -1,0 +1,221 @@
+"""The Trainium-readiness report: what ran, what a real NeuronCore would do differently, and an
+estimate of the time it would take there. ``torch_neuronx.report()`` builds one.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, unsupported_ops
+from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, TensorMeta
+
+TIMELINE_POINTS = 400
+
+
+@dataclass
+class SignatureRow:
+    op: str
+    inputs: list[str]
+    family: str
+    calls: int
+    flops: int
+    bytes: int
+    estimated_us: float  # per call
+
+
+@dataclass
+class FamilyRow:
+    family: str
+    calls: int
+    flops: int
+    bytes: int
+    estimated_ms: float
+    bound: str
+
+
+@dataclass
+class PhaseRow:
+    name: str
+    wall_s: float
+    eager_calls: int
+    compiled_graph_calls: int
+    estimated_ms: float
+    families: list[FamilyRow]
+
+
+@dataclass
+class MemoryRow:
+    device: str
+    peak_bytes: int
+    emulated_capacity_bytes: int
+
+
+@dataclass
+class Report:
+    profile: dict
+    collected: bool
+    executed_ops: dict[str, int]
+    fallback_ops: dict[str, int]
+    neff_signatures: int  # distinct eager signatures: NEFF compiles in TorchNeuron's eager mode
+    compiled_graphs: list[dict]
+    signatures: list[SignatureRow]
+    findings: list[dict]
+    phases: list[PhaseRow]
+    families: list[FamilyRow]
+    estimated_ms: float
+    host_syncs: int  # host<->device copies and .item() calls
+    memory: list[MemoryRow]
+    memory_timeline: list[tuple[float, int]]
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def __str__(self) -> str:
+        from torch_neuronx.diagnostics import text
+
+        return text.render(self)
+
+
+def _call_family(signature: observer.Signature, results: tuple[TensorMeta, ...]) -> str:
+    base = cost_model.base_name(signature.op)
+    if base in ("copy", "_to_copy") and (any(m.device != "neuron" for m in signature.inputs) or not results):
+        return HOST_TRANSFER
+    return signature.family
+
+
+def _family_rows(costs: list[tuple[str, int, cost_model.OpCost]]) -> list[FamilyRow]:
+    """(family, calls, cost per call) -> one row per family, slowest first."""
+    rows: dict[str, FamilyRow] = {}
+    compute_s: Counter = Counter()
+    for fam, calls, cost in costs:
+        row = rows.setdefault(fam, FamilyRow(fam, 0, 0, 0, 0.0, ""))
+        row.calls += calls
+        row.flops += cost.flops * calls
+        row.bytes += cost.bytes * calls
+        if fam != HOST_TRANSFER:
+            row.estimated_ms += cost.seconds * calls * 1e3
+            if cost.bound == "compute":
+                compute_s[fam] += cost.seconds * calls
+    for row in rows.values():
+        if row.family == HOST_TRANSFER:
+            row.bound = "not estimated"
+        else:
+            row.bound = "compute" if compute_s[row.family] * 1e3 > row.estimated_ms / 2 else "memory"
+    return sorted(rows.values(), key=lambda r: (-r.estimated_ms, r.family))
+
+
+def _downsample(points: list[tuple[float, int]], limit: int) -> list[tuple[float, int]]:
+    if len(points) <= limit:
+        return list(points)
+    step = len(points) / limit
+    out = []
+    for i in range(limit):  # keep each bucket's peak, so the plot shows the real maximum
+        bucket = points[int(i * step): int((i + 1) * step)] or points[-1:]
+        out.append(max(bucket, key=lambda p: p[1]))
+    return out
+
+
+def _memory_rows() -> list[MemoryRow]:
+    rows = []
+    if not torch.neuron.is_initialized():
+        return rows
+    for index in range(torch.neuron.device_count()):
+        peak = torch.neuron.max_memory_allocated(index)
+        if peak or index == torch.neuron.current_device():  # the devices this process used
+            rows.append(MemoryRow(f"neuron:{index}", peak, torch.neuron.get_device_properties(index).total_memory))
+    return rows
+
+
+def _memory_findings(rows: list[MemoryRow], profile: cost_model.TrainiumProfile) -> list[findings.Finding]:
+    from torch_neuronx import topology
+
+    hbm = topology.default_device_memory(topology.current().profile, profile.lnc)
+    out = []
+    for row in rows:
+        if row.peak_bytes > hbm:
+            detail = (f"peak {row.peak_bytes / 2**30:.2f} GiB exceeds the {hbm / 2**30:.2f} GiB a core has: "
+                      "this would run out of memory (shard the model, or use a smaller batch)")
+        elif row.peak_bytes > 0.8 * hbm:
+            detail = f"peak {row.peak_bytes / 2**30:.2f} GiB is over 80% of the core's {hbm / 2**30:.2f} GiB"
+        else:
+            continue
+        out.append(findings.Finding("memory", "-", row.device, 1, detail))
+    return out
+
+
+def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
+    """The report of what was collected so far (see :func:`torch_neuronx.diagnostics.start`)."""
+    if isinstance(profile, str):
+        chip, _, lnc = profile.partition(":")
+        profile = cost_model.profile_for(chip, int(lnc or 2))
+    profile = profile or cost_model.current_profile()
+    collector = observer.active() or observer.last()
+    if collector is observer.active() and collector is not None:
+        collector.switch_phase(collector.phase.name)  # bring the current phase's wall time up to date
+    executed = op_tracking.get_op_counts()
+    memory = _memory_rows()
+    report = Report(profile=profile.as_dict(), collected=collector is not None, executed_ops=executed,
+                    fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)}, neff_signatures=0, compiled_graphs=[],
+                    signatures=[], findings=[], phases=[], families=[], estimated_ms=0.0, host_syncs=0,
+                    memory=memory, memory_timeline=[], assumptions=cost_model.assumptions(profile))
+    found = _memory_findings(memory, profile)
+    if collector is None:
+        report.assumptions.insert(0, "Calls were not observed: only op counts and memory are reported. Set "
+                                     "TORCH_NEURONX_REPORT=1, run under `python -m torch_neuronx.run`, or call "
+                                     "torch_neuronx.diagnostics.start() first.")
+        report.findings = [f.as_dict() for f in found]
+        return report
+
+    with collector.lock:
+        phases = list(collector.phases.values())
+        results = dict(collector.results)
+        graphs = dict(collector.graphs)
+        timeline = list(collector.timeline)
+    costs: dict[observer.Signature, tuple[str, cost_model.OpCost]] = {}
+    for signature, result in results.items():
+        costs[signature] = (_call_family(signature, result),
+                            cost_model.op_cost(profile, signature.op, signature.inputs, result))
+    graph_costs = {name: [(cost_model.family(op), cost_model.op_cost(profile, op, ins, outs))
+                          for op, ins, outs in g.ops] for name, g in graphs.items()}
+
+    totals: Counter = Counter()
+    all_costs = []
+    for record in phases:
+        phase_costs = []
+        for signature, calls in record.calls.items():
+            totals[signature] += calls
+            fam, cost = costs[signature]
+            phase_costs.append((fam, calls, cost))
+        for name, calls in record.graph_calls.items():
+            phase_costs.extend((fam, calls, cost) for fam, cost in graph_costs.get(name, []))
+        if not phase_costs and not record.seconds:
+            continue
+        rows = _family_rows(phase_costs)
+        report.phases.append(PhaseRow(record.name, record.seconds, sum(record.calls.values()),
+                                      sum(record.graph_calls.values()), sum(r.estimated_ms for r in rows), rows))
+        all_costs.extend(phase_costs)
+    report.families = _family_rows(all_costs)
+    report.estimated_ms = sum(r.estimated_ms for r in report.families)
+    report.signatures = sorted(
+        (SignatureRow(s.op, [str(m) for m in s.inputs], costs[s][0], calls, costs[s][1].flops, costs[s][1].bytes,
+                      costs[s][1].seconds * 1e6) for s, calls in totals.items()),
+        key=lambda r: (-r.estimated_us * r.calls, r.op))
+    report.neff_signatures = sum(1 for s in totals if costs[s][0] != HOST_TRANSFER)
+    report.host_syncs = sum(calls for s, calls in totals.items() if costs[s][0] == HOST_TRANSFER)
+    report.compiled_graphs = [
+        {"name": name, "ops": len(g.ops), "calls": sum(p.graph_calls[name] for p in phases),
+         "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error}
+        for name, g in graphs.items()]
+    found = collector.detector.collected() + findings.compile_findings(collector.known_compile_ids) + found
+    order = list(findings.KINDS)
+    found.sort(key=lambda f: (order.index(f.kind) if f.kind in order else len(order), -f.count, f.site))
+    report.findings = [f.as_dict() for f in found]
+    report.memory_timeline = _downsample(timeline, TIMELINE_POINTS)
+    return report
