@@ -1,0 +1,445 @@
+"""Trainium readiness: op tracking, findings (each present in a bad program, absent in a clean one),
+the roofline estimate (checked by hand and against torch.utils.flop_counter on CPU), and the ways
+users get the report (API, TORCH_NEURONX_REPORT=1, python -m torch_neuronx.run, HTML)."""
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import torch_neuronx
+from torch_neuronx import diagnostics
+from torch_neuronx.diagnostics import cost_model
+from torch_neuronx.diagnostics.cost_model import TensorMeta
+
+import isolated
+
+N = "neuron"
+
+
+@pytest.fixture
+def collect():
+    """Collect diagnostics for the test body only; yields a function returning the report so far."""
+    torch_neuronx.clear_op_tracking()
+    diagnostics.start()
+    try:
+        yield lambda: diagnostics.report("Trainium2:2")
+    finally:
+        diagnostics.stop()
+        torch_neuronx.clear_op_tracking()
+
+
+def here(offset: int = 0) -> str:
+    """'this_file:line' of the caller's line plus ``offset``: where a finding must point."""
+    frame = inspect.currentframe().f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno + offset}"
+
+
+def kinds(report) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for f in report.findings:
+        out.setdefault(f["kind"], []).append(f)
+    return out
+
+
+# ---- op tracking -------------------------------------------------------------------------------
+def test_executed_and_fallback_ops_and_clear():
+    a, b = torch.ones(4, 8, device=N), torch.ones(8, 3, device=N)
+    torch_neuronx.clear_op_tracking()
+    assert torch_neuronx.get_executed_ops() == []
+    for _ in range(3):
+        a @ b
+    a + a
+    assert torch_neuronx.get_executed_ops() == ["aten::add.Tensor", "aten::mm"]
+    assert diagnostics.get_op_counts() == {"aten::add.Tensor": 1, "aten::mm": 3}
+    assert torch_neuronx.get_fallback_ops() == []
+    torch.sort(torch.ones(5, device=N))  # TorchNeuron has no sort kernel: a CPU fallback there
+    assert "aten::sort.values_stable" in torch_neuronx.get_executed_ops() or \
+        any(op.startswith("aten::sort") for op in torch_neuronx.get_executed_ops())
+    assert [op for op in torch_neuronx.get_fallback_ops()] == \
+        [op for op in torch_neuronx.get_executed_ops() if op.startswith("aten::sort")]
+    torch_neuronx.clear_op_tracking()
+    assert torch_neuronx.get_executed_ops() == [] and torch_neuronx.get_fallback_ops() == []
+
+
+def test_backward_ops_are_tracked():
+    w = torch.ones(8, 3, device=N, requires_grad=True)
+    x = torch.ones(4, 8, device=N)
+    torch_neuronx.clear_op_tracking()
+    (x @ w).sum().backward()  # backward runs on autograd's neuron thread
+    counts = diagnostics.get_op_counts()
+    assert counts["aten::mm"] == 2  # forward, and the weight's gradient
+    torch.testing.assert_close(w.grad.cpu(), torch.full((8, 3), 4.0))
+
+
+def test_tracking_can_be_turned_off():
+    torch_neuronx.clear_op_tracking()
+    torch.ops.neuron._set_op_tracking_level(0)
+    try:
+        torch.ones(3, device=N) + 1
+        assert torch_neuronx.get_executed_ops() == []
+    finally:
+        torch.ops.neuron._set_op_tracking_level(1)
+    with pytest.raises(RuntimeError, match="must be 0 .off., 1 .count ops. or 2"):
+        torch.ops.neuron._set_op_tracking_level(5)
+
+
+def test_signature_counts_exact(collect):
+    a, b = torch.ones(4, 8, device=N), torch.ones(8, 3, device=N)
+    torch_neuronx.clear_op_tracking()
+    for _ in range(3):
+        c = a @ b  # one signature, 3 calls
+    a[:2] @ b  # a new shape: a second signature (the slice is a view, no op)
+    c + c
+    c + c  # same signature as the line before
+    (c + c.to(torch.bfloat16))  # a new dtype: _to_copy and a mixed-dtype add
+    signatures = diagnostics.get_op_signatures()
+    assert signatures == {
+        "aten::mm(f32[4, 8], f32[8, 3])": 3,
+        "aten::mm(f32[2, 8], f32[8, 3])": 1,
+        "aten::add.Tensor(f32[4, 3], f32[4, 3])": 2,
+        "aten::_to_copy(f32[4, 3])": 1,
+        "aten::add.Tensor(f32[4, 3], bf16[4, 3])": 1,
+    }
+    assert collect().neff_signatures == 5
+
+
+# ---- findings: each in a bad program, none in a clean one ---------------------------------------
+def test_float64(collect):
+    x = torch.ones(3, device=N, dtype=torch.float32)
+    x * 2
+    assert "float64" not in kinds(collect())
+    y = torch.ones(3, dtype=torch.float64).to(N); site = here()
+    y * 2; mul_site = here()
+    found = kinds(collect())["float64"]
+    assert {f["site"] for f in found} == {site, mul_site}
+    assert {f["op"] for f in found} == {"aten::_to_copy", "aten::mul.Tensor"}
+
+
+def test_int64_out_of_int32_range(collect):
+    torch.tensor([5, -7], device=N) + 1
+    assert "int64-range" not in kinds(collect())
+    torch.tensor([2**31], device=N); site = here()
+    (found,) = kinds(collect())["int64-range"]
+    assert found["site"] == site and "2147483648" in found["detail"]
+
+
+def test_host_sync_in_a_loop(collect, capsys):
+    x = torch.arange(4.0, device=N)
+    x.sum().item()  # once, at the end of a program: normal
+    assert "host-sync-in-loop" not in kinds(collect())
+    for _ in range(3):
+        x.sum().item(); item_site = here()
+        x.cpu(); cpu_site = here()
+        print(x); print_site = here()
+    found = {f["site"]: f for f in kinds(collect())["host-sync-in-loop"]}
+    assert found[item_site]["count"] == 3 and found[item_site]["op"] == "aten::_local_scalar_dense"
+    assert found[cpu_site]["count"] == 3 and found[cpu_site]["op"] == "aten::_to_copy"
+    assert found[print_site]["count"] >= 3 and "printing" in found[print_site]["detail"]
+    capsys.readouterr()
+
+
+def test_device_rng(collect):
+    torch.randn(4).to(N)  # drawn on the CPU, then moved: fine
+    assert "device-rng" not in kinds(collect())
+    torch.randn(4, device=N); site = here()
+    (found,) = kinds(collect())["device-rng"]
+    assert found["site"] == site and found["op"] == "aten::normal_"
+    (fallback,) = kinds(collect())["cpu-fallback"]  # TorchNeuron draws them on the CPU
+    assert fallback["site"] == site and "TorchNeuron 0.1.0 source" in fallback["detail"]
+
+
+def test_cpu_fallback_op(collect):
+    x = torch.tensor([3.0, 1.0, 2.0], device=N)
+    torch.topk(x, 2)
+    assert "cpu-fallback" not in kinds(collect())
+    values, _ = torch.sort(x); site = here()
+    torch.testing.assert_close(values.cpu(), torch.sort(x.cpu()).values)
+    (found,) = kinds(collect())["cpu-fallback"]
+    assert found["site"] == site and found["op"].startswith("aten::sort")
+    assert "TorchNeuron 0.1.0 source" in found["detail"]
+
+
+def test_recompiles_and_graph_breaks(collect, capsys):
+    def clean(x):
+        return (x * 2).sin()
+
+    def breaks(x):
+        y = x * 2
+        print("host work")  # a graph break
+        return y.sin()
+
+    first_line = inspect.getsourcelines(breaks)[1]
+    compiled = torch.compile(clean, backend=N)
+    compiled(torch.ones(4, device=N))
+    compiled(torch.ones(4, device=N))
+    assert not {"recompile", "graph-break"} & set(kinds(collect()))
+    compiled(torch.ones(6, device=N))  # a new shape: a recompile
+    torch.compile(breaks, backend=N)(torch.ones(4, device=N))
+    found = kinds(collect())
+    (recompile,) = found["recompile"]
+    assert recompile["op"] == "clean()" and "size mismatch" in recompile["detail"]
+    (graph_break,) = found["graph-break"]
+    assert graph_break["op"] == "breaks()" and "print" in graph_break["detail"]
+    assert graph_break["site"] == f"{__file__}:{first_line + 2}"  # the print() line
+    capsys.readouterr()
+
+
+def test_memory_against_hbm():
+    code = """
+        import torch, torch_neuronx
+        from torch_neuronx import diagnostics
+        diagnostics.start()
+        x = torch.empty(int(SIZE), dtype=torch.uint8, device="neuron")  # pages are never touched
+        print([f["kind"] + ":" + f["detail"] for f in diagnostics.report().findings if f["kind"] == "memory"])
+        """
+    # trn1.2xlarge at LNC=1: a core has 16 GiB of HBM, minus the runtime's reservation.
+    env = dict(TORCH_NEURONX_INSTANCE_TYPE="trn1.2xlarge", TORCH_NEURONX_DEVICE_MEMORY="40GiB")
+    big = isolated.run(code.replace("SIZE", str(17 * 2**30)), **env)
+    assert big.returncode == 0, big.stderr
+    assert "exceeds" in big.stdout and "would run out of memory" in big.stdout
+    small = isolated.run(code.replace("SIZE", str(2**20)), **env)
+    assert small.returncode == 0, small.stderr
+    assert small.stdout.strip() == "[]"
+
+
+# ---- the estimate ------------------------------------------------------------------------------
+def test_profile_numbers():
+    p = cost_model.profile_for("Trainium2", 2)  # a quarter of the chip
+    assert math.isclose(p.bf16_tflops, 166.75) and math.isclose(p.fp32_tflops, 45.25)
+    assert math.isclose(p.hbm_tb_per_s, 0.725)
+    p1 = cost_model.profile_for("Trainium2", 1)
+    assert math.isclose(p1.bf16_tflops, 667 / 8) and math.isclose(p1.hbm_tb_per_s, 2.9 / 8)
+    with pytest.raises(ValueError, match="no cost profile for chip 'Trainium9'"):
+        cost_model.profile_for("Trainium9", 2)
+
+
+def test_matmul_estimate_by_hand():
+    p = cost_model.profile_for("Trainium2", 2)
+    m = k = n = 1024
+    a, b = TensorMeta((m, k), torch.bfloat16, N), TensorMeta((k, n), torch.bfloat16, N)
+    out = TensorMeta((m, n), torch.bfloat16, N)
+    cost = cost_model.op_cost(p, "aten::mm", (a, b), (out,))
+    assert cost.flops == 2 * 1024**3 == 2_147_483_648
+    assert cost.bytes == 3 * 1024 * 1024 * 2 == 6_291_456
+    # compute: 2.147e9 / 166.75e12 = 12.878 us; memory: 6.29e6 / 0.725e12 = 8.678 us -> compute-bound
+    assert cost.bound == "compute"
+    assert math.isclose(cost.seconds, 2_147_483_648 / 166.75e12)
+    assert round(cost.seconds * 1e6, 3) == 12.878
+    small = cost_model.op_cost(p, "aten::mm", (TensorMeta((128, 256), torch.bfloat16, N),
+                                               TensorMeta((256, 64), torch.bfloat16, N)),
+                               (TensorMeta((128, 64), torch.bfloat16, N),))
+    assert small.bound == "memory" and math.isclose(small.seconds, (128 * 256 + 256 * 64 + 128 * 64) * 2 / 0.725e12)
+
+
+def test_elementwise_estimate_by_hand():
+    p = cost_model.profile_for("Trainium2", 2)
+    x = TensorMeta((1000, 1000), torch.float32, N)
+    cost = cost_model.op_cost(p, "aten::add.Tensor", (x, x), (x,))
+    assert cost.flops == 0 and cost.bytes == 12_000_000  # two reads and a write of 4 MB
+    assert math.isclose(cost.seconds, 12e6 / 0.725e12) and round(cost.seconds * 1e6, 2) == 16.55
+    inplace = cost_model.op_cost(p, "aten::add_.Tensor", (x, x), ())
+    assert inplace.bytes == 12_000_000  # the first argument is also written
+
+
+def test_estimate_of_a_run(collect):
+    a = torch.ones(1024, 1024, dtype=torch.bfloat16, device=N)
+    x = torch.ones(1000, 1000, device=N)
+    torch_neuronx.clear_op_tracking()
+    with diagnostics.phase("matmul"):
+        a @ a
+    with diagnostics.phase("elementwise"):
+        x + x
+    report = collect()
+    phases = {p.name: p for p in report.phases}
+    assert math.isclose(phases["matmul"].estimated_ms, 2_147_483_648 / 166.75e12 * 1e3)
+    assert math.isclose(phases["elementwise"].estimated_ms, 12e6 / 0.725e12 * 1e3)
+    families = {f.family: f for f in report.families}
+    assert families["matmul"].flops == 2_147_483_648 and families["matmul"].bound == "compute"
+    assert families["elementwise"].bytes == 12_000_000 and families["elementwise"].bound == "memory"
+    assert math.isclose(report.estimated_ms, phases["matmul"].estimated_ms + phases["elementwise"].estimated_ms)
+    assert "ESTIMATED" in str(report) and "not a measurement" in str(report)
+
+
+def _flop_program(device):
+    g = torch.Generator().manual_seed(0)
+    t = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
+    x, w = t(4, 16), t(16, 8)
+    x @ w
+    torch.addmm(t(8), x, w)
+    torch.bmm(t(3, 4, 16), t(3, 16, 5))
+    F.conv2d(t(2, 3, 9, 9), t(6, 3, 3, 3), padding=1)
+    F.conv_transpose2d(t(2, 6, 5, 5), t(6, 3, 3, 3), stride=2)
+    F.linear(x, t(8, 16), t(8))
+
+
+def test_flops_follow_torch_flop_counter(collect):
+    with FlopCounterMode(display=False) as counter:
+        _flop_program("cpu")
+    torch_neuronx.clear_op_tracking()
+    _flop_program(N)
+    ours = sum(f.flops for f in collect().families)
+    assert ours == counter.get_total_flops() > 0
+
+
+def test_attention_flops(collect):
+    b, h, s, d = 2, 4, 32, 16
+    q = torch.ones(b, h, s, d, device=N)
+    torch_neuronx.clear_op_tracking()
+    F.scaled_dot_product_attention(q, q, q)
+    (attention,) = [f for f in collect().families if f.family == "attention"]
+    assert attention.flops == 4 * b * h * s * s * d  # QK^T and PV, 2 FLOPs per multiply-add
+
+
+def test_compiled_graphs_are_costed_per_call(collect):
+    w = torch.ones(64, 64, device=N)
+    fn = torch.compile(lambda x: F.gelu(x @ w), backend=N, fullgraph=True)
+    x = torch.ones(32, 64, device=N)
+    with diagnostics.phase("compiled"):
+        fn(x)
+        fn(x)
+    report = collect()
+    (graph,) = report.compiled_graphs
+    assert graph["calls"] == 2 and graph["ops"] >= 2 and not graph["error"]
+    (phase,) = [p for p in report.phases if p.name == "compiled"]
+    assert phase.compiled_graph_calls == 2 and phase.eager_calls == 0
+    matmul = [f for f in phase.families if f.family == "matmul"][0]
+    assert matmul.flops == 2 * (2 * 32 * 64 * 64)
+
+
+# ---- how users get it --------------------------------------------------------------------------
+def test_report_api(collect):
+    torch.ones(2, 2, device=N).double()
+    report = collect()
+    assert isinstance(report, diagnostics.Report) and report.collected
+    data = json.loads(report.to_json())
+    assert data["profile"]["chip"] == "Trainium2" and data["findings"][0]["kind"] == "float64"
+    text = str(report)
+    assert "Trainium readiness report" in text and "[float64]" in text and "Assumptions" in text
+
+
+def test_report_without_collection_says_so():
+    diagnostics.stop()
+    torch_neuronx.clear_op_tracking()
+    torch.ones(2, device=N) + 1
+    report = torch_neuronx.report()
+    assert not report.collected and report.executed_ops == {"aten::add.Tensor": 1, "aten::fill_.Scalar": 1}
+    assert "not observed" in report.assumptions[0]
+
+
+def test_env_var_prints_report_at_exit():
+    code = """
+        import torch
+        x = torch.ones(3, dtype=torch.float64, device="neuron") * 2
+        print("done")
+        """
+    on = isolated.run(code, TORCH_NEURONX_REPORT="1")
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.strip() == "done"
+    assert "Trainium readiness report" in on.stderr and "[float64] aten::mul.Tensor" in on.stderr
+    off = isolated.run(code)
+    assert "Trainium readiness report (" not in off.stderr
+    bad = isolated.run(code, TORCH_NEURONX_REPORT="maybe")
+    assert bad.returncode == 0 and "TORCH_NEURONX_REPORT='maybe' is not understood" in bad.stderr
+    assert "Trainium readiness report (" not in bad.stderr
+
+
+SCRIPT = """
+import sys
+import torch
+x = torch.ones(8, 8, device="neuron")
+for step in range(3):
+    y = x @ x
+    print("loss", y.sum().item())
+print("args", sys.argv[1:])
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _run_wrapper(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "torch_neuronx.run", *args], capture_output=True, text=True,
+                          env=isolated.environment(), cwd=tmp_path, timeout=300)
+
+
+def test_run_wrapper_writes_text_json_html(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    result = _run_wrapper(tmp_path, "--output-dir", str(out), str(script), "3", "--flag")
+    assert result.returncode == 3, result.stderr
+    assert "args ['3', '--flag']" in result.stdout
+    data = json.loads((out / "report.json").read_text())
+    (sync,) = [f for f in data["findings"] if f["kind"] == "host-sync-in-loop"]
+    assert sync["site"] == f"{script}:7" and sync["count"] == 3
+    assert (out / "report.txt").read_text().startswith("Trainium readiness report")
+    assert "Report written to" in result.stderr
+    _check_html((out / "report.html").read_text(), data)
+
+
+def test_run_wrapper_errors(tmp_path):
+    missing = _run_wrapper(tmp_path, "nope.py")
+    assert missing.returncode == 2 and "no such script: nope.py" in missing.stderr
+    (tmp_path / "ok.py").write_text("print('ran')")
+    bad_profile = _run_wrapper(tmp_path, "--profile", "Trainium9:2", "ok.py")
+    assert bad_profile.returncode == 2 and "no cost profile for chip 'Trainium9'" in bad_profile.stderr
+    module = _run_wrapper(tmp_path, "--output-dir", "r", "-m", "json.tool", "--help")  # --help is json.tool's
+    assert module.returncode == 0 and "json.tool" in module.stdout
+    assert (tmp_path / "r" / "report.html").exists()
+
+
+class _Checker(HTMLParser):
+    VOID = {"meta", "br", "img", "input", "link", "hr", "rect", "line", "polyline"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors, self.text = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        pass
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _check_html(page: str, data: dict) -> None:
+    assert page.startswith("<!DOCTYPE html>")
+    checker = _Checker()
+    checker.feed(page)
+    assert checker.errors == [] and checker.stack == []
+    text = " ".join(checker.text)
+    top = [f["family"] for f in data["families"] if f["bound"] != "not estimated"][:2]
+    assert top and all(name in text for name in top)
+    assert page.count("<svg") == 2 and "<polyline" in page  # the family chart and the memory timeline
+    assert "estimates" in text
+
+
+def test_html_of_a_report(collect, tmp_path):
+    x = torch.ones(256, 256, device=N)
+    for _ in range(20):
+        x = torch.softmax(x @ x, dim=-1)
+    paths = diagnostics.write(collect(), str(tmp_path))
+    from pathlib import Path
+
+    page = Path(paths["html"]).read_text()
+    _check_html(page, json.loads(Path(paths["json"]).read_text()))
+    assert {"matmul", "softmax"} <= {f.family for f in collect().families}
+    assert os.path.getsize(paths["txt"]) > 0
