@@ -40,6 +40,7 @@ bench: setup
 	$(PY) benchmarks/bench_compile.py
 	$(PY) benchmarks/bench_distributed.py
 	$(PY) benchmarks/bench_pipeline.py
+	$(PY) benchmarks/bench_diagnostics.py
 
 clean:
 	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)

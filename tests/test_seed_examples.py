@@ -86,6 +86,14 @@ def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_pa
     assert phases["neuron compiled, second call"]["difference"].endswith("vs eager")
     assert "emulated trn2.3xlarge" in r.stdout and "memory peak on neuron:0" in r.stdout, r.stdout
     assert (tmp_path / "out.png").stat().st_size > 0
+    # The readiness report of one eager and one compiled generation, printed and written.
+    assert "Trainium readiness report" in r.stdout and "ESTIMATED time on Trainium2" in r.stdout
+    readiness = json.loads((tmp_path / "neuron_report" / "report.json").read_text())
+    by_phase = {p["name"]: p for p in readiness["phases"]}
+    assert by_phase["eager generation"]["eager_calls"] > 100 and by_phase["eager generation"]["estimated_ms"] > 0
+    assert by_phase["compiled generation"]["compiled_graph_calls"] == 2  # one per denoising step
+    assert [g["calls"] for g in readiness["compiled_graphs"]] == [2] and not readiness["compiled_graphs"][0]["error"]
+    assert (tmp_path / "neuron_report" / "report.html").stat().st_size > 0
 
 
 def test_main_job_relaunches_itself_under_torchrun_for_tensor_parallel(tmp_path):

@@ -138,6 +138,30 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) for r in phases.rows], f, indent=1)
+    readiness(pipe, args, source, dtype)
+
+
+def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
+    """What a real Trainium would do differently: one eager and one compiled generation with
+    diagnostics on (they cost ~20-40 us per eager op, so the timed phases above ran without)."""
+    from diffusers import Flux2Transformer2DModel
+
+    from torch_neuronx import diagnostics
+
+    torch._dynamo.reset()  # the whole transformer compiled again (a cache hit), so its graph is costed
+    pipe.transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
+    diagnostics.start()
+    with diagnostics.phase("eager generation"):
+        generate(pipe, args.height, args.width, args.steps, args.seed)
+    pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
+    with diagnostics.phase("compiled generation"):
+        generate(pipe, args.height, args.width, args.steps, args.seed)
+    diagnostics.stop()
+    report = diagnostics.report()
+    paths = diagnostics.write(report, args.report_dir)
+    print()
+    print(report)
+    print(f"\nreport written to {paths['txt']}, {paths['json']} and {paths['html']}")
 
 
 def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
@@ -180,6 +204,8 @@ def main(argv=None) -> None:
     parser.set_defaults(height=512, width=512)
     parser.add_argument("--tp", type=int, default=0, metavar="N", help="tensor parallel over N emulated cores")
     parser.add_argument("--json", metavar="PATH", help="also write the phases (single core) as JSON")
+    parser.add_argument("--report-dir", default="neuron_report", metavar="DIR",
+                        help="where to write the Trainium readiness report (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         source, dtype = model_source(args.model)

@@ -110,6 +110,7 @@ DATA_MOVEMENT_OPS = {"cat", "stack", "gather", "scatter", "scatter_add", "scatte
 HOST_TRANSFER = "host transfer"
 
 
+@functools.lru_cache(maxsize=None)
 def base_name(op: str) -> str:
     """'aten::add_.Tensor' -> 'add' (namespace, overload and in-place underscore removed)."""
     name = op.split("::", 1)[-1].split(".", 1)[0]

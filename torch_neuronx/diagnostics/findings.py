@@ -15,6 +15,7 @@ import torch
 from torch_neuronx.diagnostics import cost_model, unsupported_ops
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
 
 # Kinds, in the order the report lists them, with what each means on Trainium.
 KINDS = {
@@ -84,21 +85,25 @@ class Detector:
     def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
         """Look at one op call on neuron; computes the user's line only when something is found."""
         hits: list[tuple[str, str]] = []
-        base = cost_model.base_name(op)
         entry = unsupported_ops.lookup(op)
         if entry is not None:
             hits.append(("cpu-fallback", f"{entry.reason} [{entry.source}]"))
-        neuron = [t for t in (*inputs, *results) if t.device.type == "neuron"]
-        wide = sorted({str(t.dtype).replace("torch.", "") for t in neuron
-                       if t.dtype in (torch.float64, torch.complex128)})
-        if wide:
-            hits.append(("float64", f"{', '.join(wide)} tensors"))
-        for t in neuron:
-            if t.dtype == torch.int64 and t.numel() > 0:
+        wide: set[str] = set()
+        out_of_range = None
+        for t in (*inputs, *results):  # one pass; only neuron tensors are Trainium's business
+            dtype = t.dtype
+            if dtype is torch.float64 or dtype is torch.complex128:
+                if t.device.type == "neuron":
+                    wide.add(str(dtype).replace("torch.", ""))
+            elif dtype is torch.int64 and out_of_range is None and t.numel() > 0 and t.device.type == "neuron":
                 low, high = (int(v) for v in torch.aminmax(t))
                 if low < INT32_MIN or high > INT32_MAX:
-                    hits.append(("int64-range", f"values in [{low}, {high}] leave the int32 range"))
-                    break
+                    out_of_range = f"values in [{low}, {high}] leave the int32 range"
+        if wide:
+            hits.append(("float64", f"{', '.join(sorted(wide))} tensors"))
+        if out_of_range is not None:
+            hits.append(("int64-range", out_of_range))
+        base = cost_model.base_name(op)
         sync = self._sync(base, inputs, results)
         if cost_model.uses_generator(op):
             hits.append(("device-rng", "draws random numbers on neuron"))
@@ -126,8 +131,8 @@ class Detector:
         out = []
         for finding in self.findings.values():
             if finding.kind == "host-sync":
-                if finding.count < 2:
-                    continue  # one read of a result at the end is what every program does
+                if finding.count < SYNCS_IN_A_LOOP:
+                    continue  # reading a result once per call of a program is what every program does
                 finding = Finding("host-sync-in-loop", finding.op, finding.site, finding.count,
                                   f"{finding.detail}, {finding.count} times")
             out.append(finding)

@@ -2,7 +2,8 @@
 
 It records each call's signature (op, input shapes, dtypes) under the current phase, checks it for
 findings, and samples memory. Compiled graphs are recorded once when compiled (their ops run on
-FakeTensors) and counted per call. Collection costs ~20-40 us per eager op; it is off by default.
+FakeTensors) and counted per call. Collection costs ~35 us per eager op (more on large ones, whose
+data the observer pushes out of cache); it is off by default.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch_neuronx.diagnostics import cost_model, findings
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 
 DEFAULT_PHASE = "run"
-TIMELINE_EVERY = 4  # memory is sampled every this many observed calls
+TIMELINE_EVERY = 16  # memory is sampled every this many observed calls
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,22 @@ class Signature:
     def family(self) -> str:
         return cost_model.family(self.op)
 
+    @staticmethod
+    def of_key(key: tuple) -> Signature:
+        op, metas = key
+        return Signature(op, tuple(TensorMeta(*m) for m in metas))
+
+
+def _metas(tensors: list[torch.Tensor]) -> tuple:
+    # Plain tuples on the hot path: hashing them is C code, a dataclass's is Python.
+    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors)
+
 
 @dataclass
 class PhaseRecord:
     name: str
     seconds: float = 0.0
-    calls: Counter = field(default_factory=Counter)  # Signature -> calls
+    calls: Counter = field(default_factory=Counter)  # signature key (op, input metas) -> calls
     graph_calls: Counter = field(default_factory=Counter)  # compiled graph name -> calls
 
 
@@ -55,7 +66,7 @@ class Collector:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.started = time.perf_counter()
-        self.results: dict[Signature, tuple[TensorMeta, ...]] = {}  # first call's result metadata
+        self.results: dict[tuple, tuple] = {}  # signature key -> the first call's result metas
         self.phases: dict[str, PhaseRecord] = {}
         self.phase = self._phase(DEFAULT_PHASE)
         self.phase_started = self.started
@@ -66,6 +77,7 @@ class Collector:
         from torch._dynamo.utils import get_compilation_metrics
 
         self.known_compile_ids = {str(m.compile_id) for m in get_compilation_metrics()}
+        self.sample_memory()  # the timeline starts where the program is
 
     def _phase(self, name: str) -> PhaseRecord:
         if name not in self.phases:
@@ -73,6 +85,7 @@ class Collector:
         return self.phases[name]
 
     def switch_phase(self, name: str) -> str:
+        self.sample_memory()  # phase boundaries are on the timeline, however few ops ran
         with self.lock:
             now = time.perf_counter()
             self.phase.seconds += now - self.phase_started
@@ -89,19 +102,21 @@ class Collector:
             op = op[: -len(".default")]
         # A Python number passed as a tensor (x * 2) reaches Python as the number: not a tensor argument.
         inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
-        signature = Signature(op, tuple(TensorMeta.of(t) for t in inputs))
+        key = (op, _metas(inputs))
         with self.lock:
-            if signature not in self.results:
-                self.results[signature] = tuple(TensorMeta.of(t) for t in results)
-            self.phase.calls[signature] += 1
+            if key not in self.results:
+                self.results[key] = _metas(results)
+            self.phase.calls[key] += 1
             self.observed += 1
-            sample = self.observed % TIMELINE_EVERY == 0
+            sample = self.observed % TIMELINE_EVERY == 1  # the first call, then every TIMELINE_EVERY
         self.detector.check_call(op, inputs, results)
         if sample:
             self.sample_memory()
 
     def sample_memory(self) -> None:
-        allocated = sum(torch.ops.neuron._memory_stats(i)[0] for i in range(torch.ops.neuron._device_count()))
+        if not torch.ops.neuron._is_initialized():
+            return
+        allocated = torch.ops.neuron._memory_stats(torch.ops.neuron._current_device())[0]
         with self.lock:
             self.timeline.append((time.perf_counter() - self.started, allocated))
 
@@ -182,7 +197,8 @@ class _GraphOpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if isinstance(func, torch._ops.OpOverload):
+        # Views move no data (and in eager they never reach the host dispatch path either).
+        if isinstance(func, torch._ops.OpOverload) and not func.is_view and func.name() != "aten::_unsafe_view":
             name = func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
             metas = lambda tree: tuple(TensorMeta.of(t) for t in tree_leaves(tree)  # noqa: E731
                                        if isinstance(t, torch.Tensor))

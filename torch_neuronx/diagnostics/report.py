@@ -174,43 +174,45 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
         return report
 
     with collector.lock:
-        phases = list(collector.phases.values())
+        phases = [(p.name, p.seconds, dict(p.calls), dict(p.graph_calls)) for p in collector.phases.values()]
         results = dict(collector.results)
         graphs = dict(collector.graphs)
         timeline = list(collector.timeline)
-    costs: dict[observer.Signature, tuple[str, cost_model.OpCost]] = {}
-    for signature, result in results.items():
-        costs[signature] = (_call_family(signature, result),
-                            cost_model.op_cost(profile, signature.op, signature.inputs, result))
+    signatures = {key: observer.Signature.of_key(key) for key in results}
+    costs: dict[tuple, tuple[str, cost_model.OpCost]] = {}
+    for key, result_metas in results.items():
+        signature, result = signatures[key], tuple(TensorMeta(*m) for m in result_metas)
+        costs[key] = (_call_family(signature, result),
+                      cost_model.op_cost(profile, signature.op, signature.inputs, result))
     graph_costs = {name: [(cost_model.family(op), cost_model.op_cost(profile, op, ins, outs))
                           for op, ins, outs in g.ops] for name, g in graphs.items()}
 
     totals: Counter = Counter()
     all_costs = []
-    for record in phases:
+    for name, seconds, calls_by_key, graph_calls in phases:
         phase_costs = []
-        for signature, calls in record.calls.items():
-            totals[signature] += calls
-            fam, cost = costs[signature]
+        for key, calls in calls_by_key.items():
+            totals[key] += calls
+            fam, cost = costs[key]
             phase_costs.append((fam, calls, cost))
-        for name, calls in record.graph_calls.items():
-            phase_costs.extend((fam, calls, cost) for fam, cost in graph_costs.get(name, []))
-        if not phase_costs and not record.seconds:
+        for graph, calls in graph_calls.items():
+            phase_costs.extend((fam, calls, cost) for fam, cost in graph_costs.get(graph, []))
+        if not phase_costs:
             continue
         rows = _family_rows(phase_costs)
-        report.phases.append(PhaseRow(record.name, record.seconds, sum(record.calls.values()),
-                                      sum(record.graph_calls.values()), sum(r.estimated_ms for r in rows), rows))
+        report.phases.append(PhaseRow(name, seconds, sum(calls_by_key.values()), sum(graph_calls.values()),
+                                      sum(r.estimated_ms for r in rows), rows))
         all_costs.extend(phase_costs)
     report.families = _family_rows(all_costs)
     report.estimated_ms = sum(r.estimated_ms for r in report.families)
     report.signatures = sorted(
-        (SignatureRow(s.op, [str(m) for m in s.inputs], costs[s][0], calls, costs[s][1].flops, costs[s][1].bytes,
-                      costs[s][1].seconds * 1e6) for s, calls in totals.items()),
+        (SignatureRow(signatures[k].op, [str(m) for m in signatures[k].inputs], costs[k][0], calls, costs[k][1].flops,
+                      costs[k][1].bytes, costs[k][1].seconds * 1e6) for k, calls in totals.items()),
         key=lambda r: (-r.estimated_us * r.calls, r.op))
-    report.neff_signatures = sum(1 for s in totals if costs[s][0] != HOST_TRANSFER)
-    report.host_syncs = sum(calls for s, calls in totals.items() if costs[s][0] == HOST_TRANSFER)
+    report.neff_signatures = sum(1 for k in totals if costs[k][0] != HOST_TRANSFER)
+    report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
-        {"name": name, "ops": len(g.ops), "calls": sum(p.graph_calls[name] for p in phases),
+        {"name": name, "ops": len(g.ops), "calls": sum(p[3].get(name, 0) for p in phases),
          "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error}
         for name, g in graphs.items()]
     found = collector.detector.collected() + findings.compile_findings(collector.known_compile_ids) + found

@@ -1,0 +1,198 @@
+"""The cost of op tracking on neuron, per level, against plain CPU PyTorch.
+
+``torch.ops.neuron._set_op_tracking_level``: 0 = off, 1 = count each op call in the core (the
+default), 2 = also hand each call to the Python observer (diagnostics collecting, through
+``torch_neuronx.diagnostics.start()`` / ``stop()``). Every case runs the same call on CPU tensors
+and on neuron tensors at each level in this one process, interleaved round by round (the order
+rotating and reversing), so machine noise and frequency drift hit every variant alike. Reported:
+the median time per call of each variant, the medians of the per-round paired ratio to CPU, and
+the median of the per-round paired difference to level 0 with its 95% confidence interval
+(distribution-free, from the order statistics). Target: level 1 adds < 0.15 µs per op over
+level 0, judged on the small op, whose noise can resolve it.
+
+    python benchmarks/bench_diagnostics.py [--json PATH] [--threads N] [--scale X]
+"""
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
+# MALLOC_* settings when they are missing.
+import bench_eager  # noqa: E402
+
+import torch  # noqa: E402  (autoloads the neuron backend)
+import torch.nn.functional as F  # noqa: E402
+
+import torch_neuronx  # noqa: E402
+from torch_neuronx import diagnostics  # noqa: E402
+
+LEVEL_TARGET_US = 0.15  # level 1 over level 0, per op
+LABELS = {"cpu": "CPU", "l0": "neuron level 0 (off)", "l1": "neuron level 1 (count, default)",
+          "l2": "neuron level 2 (diagnostics)"}
+
+
+class MLP(torch.nn.Module):
+    """``layers`` x (Linear(d, d) + GELU)."""
+
+    def __init__(self, d=256, layers=4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = F.gelu(layer(x))
+        return x
+
+
+def set_level(variant):
+    """Put the process in ``variant``'s tracking level (CPU: level 1, the default; it does not matter).
+    Level 2 is diagnostics.start(); once collecting, the collector stays (as in a program that starts
+    it once) and the variants only switch the level, so level 2 measures steady-state collection,
+    not a fresh collector's first signatures."""
+    if variant == "l2" and diagnostics.observer.active() is None:
+        diagnostics.start()
+    torch.ops.neuron._set_op_tracking_level({"l0": 0, "l2": 2}.get(variant, 1))
+
+
+def median_ci(values, z=1.96):
+    """The median and a distribution-free ~95% confidence interval (order statistics)."""
+    s, n = sorted(values), len(values)
+    half = z * math.sqrt(n) / 2
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half))
+    return statistics.median(s), s[lo], s[hi]
+
+
+def measure(name, fn, args_by_side, variants, budget_s, target=None):
+    """Interleaved rounds of every variant; each sample is a loop of about CHUNK_S."""
+    inner = {}
+    for v in variants:  # warm up (allocator caches, lazy init, the observer's first signature)
+        args = args_by_side["cpu" if v == "cpu" else "neuron"]
+        set_level(v)
+        bench_eager.time_loop(fn, args, 3)
+        per_call = bench_eager.time_loop(fn, args, 5) / 1e6
+        inner[v] = max(1, round(bench_eager.CHUNK_S / per_call))
+    round_s = len(variants) * bench_eager.CHUNK_S
+    rounds = max(10, int(budget_s / round_s))
+    samples = {v: [] for v in variants}
+    try:
+        for r in range(rounds):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for v in order if (r // len(variants)) % 2 == 0 else reversed(order):
+                set_level(v)
+                samples[v].append(bench_eager.time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
+    finally:
+        diagnostics.stop()
+        diagnostics.observer.clear()  # what level 2 collected: not needed
+        torch.ops.neuron._set_op_tracking_level(1)  # the default again
+    cpu = samples["cpu"]
+    result = {"name": name, "rounds": rounds, "inner": inner, "target": target, "samples": samples,
+              "us": {v: statistics.median(samples[v]) for v in variants},
+              "ratio": {v: statistics.median(x / c for c, x in zip(cpu, samples[v])) for v in variants if v != "cpu"}}
+    if "l0" in variants:
+        result["over_l0_us"] = {v: median_ci([x - z for z, x in zip(samples["l0"], samples[v])])
+                                for v in variants if v not in ("cpu", "l0")}
+    if target:
+        result["pass"] = result["over_l0_us"]["l1"][0] < target
+    return result
+
+
+def check_levels():
+    """What each level does, checked once: 0 counts nothing, 1 counts, 2 counts and observes."""
+    x = torch.rand(1000, device="neuron")
+    failures = []
+    for variant, counts, observes in (("l0", False, False), ("l1", True, False), ("l2", True, True)):
+        diagnostics.stop()
+        torch_neuronx.clear_op_tracking()
+        set_level(variant)
+        torch.add(x, x)
+        collector = diagnostics.observer.active()
+        observed = collector is not None and any(key[0] == "aten::add.Tensor" for key in collector.phase.calls)
+        diagnostics.stop()
+        counted = "aten::add.Tensor" in torch_neuronx.get_executed_ops()
+        if counted != counts or observed != observes:
+            failures.append(f"level {variant[1]}: counted {counted}, observed {observed}")
+    torch_neuronx.clear_op_tracking()
+    torch.ops.neuron._set_op_tracking_level(1)
+    return failures
+
+
+def build_cases(scale):
+    torch.manual_seed(0)
+    add_args = (torch.rand(1000), torch.rand(1000))
+    mm_args = (torch.randn(256, 256), torch.randn(256, 256))
+    mlp, x = MLP().eval(), torch.randn(32, 256)
+    ops = ("cpu", "l0", "l1", "l2")
+    return [
+        ("add 1000 elements", torch.add, add_args, ops, 30 * scale, LEVEL_TARGET_US),
+        ("matmul 256x256", torch.mm, mm_args, ops, 20 * scale, None),
+        ("MLP 4x(Linear(256,256)+GELU), batch 32", bench_eager.forward, (mlp, x), ("cpu", "l1", "l2"),
+         15 * scale, None),
+    ]
+
+
+def fmt_ci(m, lo, hi):
+    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def markdown(results, threads, load, load_end, total_s):
+    lines = [
+        f"torch {torch.__version__}, {threads} thread(s), {os.cpu_count()} cores ({platform.machine()}), "
+        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s. Median µs per call; "
+        "ratio and +µs are medians of interleaved per-round pairs; [95% CI] of the median difference.",
+        "",
+        "| case | variant | rounds | µs per call | ratio vs CPU | +µs vs level 0 [95% CI] | target | result |",
+        "|---|---|---:|---:|---:|---|---|---|",
+    ]
+    for r in results:
+        for v, us in r["us"].items():
+            ratio = "—" if v == "cpu" else f"{r['ratio'][v]:.3f}x"
+            over = fmt_ci(*r["over_l0_us"][v]) if v in r.get("over_l0_us", {}) else "—"
+            target = result = "—"
+            if r["target"] and v == "l1":
+                target, result = f"< +{r['target']:g} µs", "PASS" if r["pass"] else "MISS"
+            lines.append(f"| {r['name']} | {LABELS[v]} | {r['rounds']} | {us:.2f} | {ratio} | {over} | "
+                         f"{target} | {result} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (every variant)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every case's time budget")
+    opts = parser.parse_args()
+
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    torch.set_num_threads(opts.threads)  # one process, so every variant shares the setting
+    failures = check_levels()
+    gc.collect()
+    gc.disable()  # a collection landing inside one variant's loop is noise
+    results = []
+    with torch.no_grad():
+        for name, fn, cpu_args, variants, budget, target in build_cases(opts.scale):
+            args = {"cpu": cpu_args, "neuron": tuple(bench_eager.to_neuron(a) for a in cpu_args)}
+            results.append(measure(name, fn, args, list(variants), budget, target))
+            r = results[-1]
+            print(f"  {name}: " + " / ".join(f"{r['us'][v]:.2f}" for v in variants) + " µs ("
+                  + ", ".join(variants) + ")", file=sys.stderr, flush=True)
+    gc.enable()
+    load_end, total_s = os.getloadavg()[0], time.perf_counter() - start
+    print(markdown(results, opts.threads, load, load_end, total_s))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                    "loadavg_end": load_end, "total_s": total_s, "malloc_env": bench_eager._MALLOC_ENV}
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+    misses = [f"{r['name']} (level 1 over level 0)" for r in results if r.get("pass") is False]
+    bench_eager.report_outcome(misses, failures)
+
+
+if __name__ == "__main__":
+    main()
