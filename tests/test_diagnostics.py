@@ -443,3 +443,19 @@ def test_html_of_a_report(collect, tmp_path):
     _check_html(page, json.loads(Path(paths["json"]).read_text()))
     assert {"matmul", "softmax"} <= {f.family for f in collect().families}
     assert os.path.getsize(paths["txt"]) > 0
+
+
+def test_findings_inside_compiled_graphs_point_at_the_user_line(collect):
+    def clean(x):
+        return (x * 2).sin()
+
+    def wide(x):
+        return x.double() * 2
+
+    torch.compile(clean, backend=N, fullgraph=True)(torch.ones(4, device=N))
+    assert not {"float64", "cpu-fallback", "device-rng"} & set(kinds(collect()))
+    torch.compile(wide, backend=N, fullgraph=True)(torch.ones(4, device=N))
+    found = kinds(collect())["float64"]
+    line = inspect.getsourcelines(wide)[1] + 1
+    assert {f["site"] for f in found} == {f"{__file__}:{line}"}
+    assert all("in a compiled graph" in f["detail"] for f in found)

@@ -128,9 +128,15 @@ def op_overload(op: str):
         return None
 
 
+RANDOM_OPS = {"native_dropout", "_fused_dropout", "rand", "randn", "randint", "rand_like", "randn_like",
+              "randint_like"}  # random without a Generator argument in their schema
+
+
 @functools.lru_cache(maxsize=None)
 def uses_generator(op: str) -> bool:
-    """Whether the op draws random numbers (its schema takes a Generator)."""
+    """Whether the op draws random numbers (its schema takes a Generator, or it is dropout)."""
+    if base_name(op) in RANDOM_OPS:
+        return True
     overload = op_overload(op)
     if overload is None:
         return False

@@ -48,7 +48,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def _internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
     return filename.startswith((_TORCH_DIR, _PACKAGE_DIR, "<frozen")) or filename == __file__
 
 
@@ -60,7 +60,7 @@ def user_site() -> tuple[str, bool]:
         filename = frame.f_code.co_filename
         if filename.endswith("_tensor_str.py") or frame.f_code.co_name in ("__repr__", "__format__"):
             printing = printing or filename.startswith(_TORCH_DIR)
-        if not _internal(filename):
+        if not is_internal(filename):
             return f"{filename}:{frame.f_lineno}", printing
         frame = frame.f_back
     node = torch._C._current_autograd_node()
@@ -114,6 +114,18 @@ class Detector:
             self.add(kind, op, site, detail)
         if sync is not None:
             self.add("host-sync", op, site, "printing a tensor" if printing else sync)
+
+    def check_graph_op(self, op: str, inputs, results, site: str) -> None:
+        """An op of a compiled graph (metadata only: values are unknown at compile time)."""
+        entry = unsupported_ops.lookup(op)
+        if entry is not None:
+            self.add("cpu-fallback", op, site, f"in a compiled graph: {entry.reason} [{entry.source}]")
+        wide = sorted({str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
+                       if m.device == "neuron" and m.dtype in (torch.float64, torch.complex128)})
+        if wide:
+            self.add("float64", op, site, f"in a compiled graph: {', '.join(wide)} tensors")
+        if cost_model.uses_generator(op):
+            self.add("device-rng", op, site, "in a compiled graph: draws random numbers on neuron")
 
     @staticmethod
     def _sync(base: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> str | None:

@@ -191,23 +191,55 @@ def phase(name: str) -> Iterator[None]:
 
 # ---- compiled graphs ---------------------------------------------------------------------------
 class _GraphOpRecorder(TorchDispatchMode):
+    """Records the aten ops of a graph replayed on FakeTensors, each with the user line of its node."""
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[str, tuple[TensorMeta, ...], tuple[TensorMeta, ...]]] = []
+        self.sites: list[str] = []  # per op: the user line its graph node came from
+        self.site = "<unknown>"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        # Views move no data (and in eager they never reach the host dispatch path either).
-        if isinstance(func, torch._ops.OpOverload) and not func.is_view and func.name() != "aten::_unsafe_view":
+        # Views move no data (and in eager they never reach the host dispatch path either);
+        # prim:: ops (prim::device) return no tensors.
+        if isinstance(func, torch._ops.OpOverload) and not func.is_view and func.namespace != "prim" \
+                and func.name() != "aten::_unsafe_view":
             name = func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
             metas = lambda tree: tuple(TensorMeta.of(t) for t in tree_leaves(tree)  # noqa: E731
                                        if isinstance(t, torch.Tensor))
             self.ops.append((name, metas((args, kwargs)), metas(out)))
+            self.sites.append(self.site)
         return out
 
 
+def _node_site(node: torch.fx.Node) -> str:
+    """The innermost frame of a Dynamo node's stack trace outside torch and torch_neuronx: the user's line."""
+    frames = []
+    for line in (node.meta.get("stack_trace") or "").splitlines():
+        line = line.strip()
+        if line.startswith('File "') and ", line " in line:
+            filename, _, rest = line[len('File "'):].partition('", line ')
+            frames.append((filename, rest.split(",", 1)[0]))
+    for filename, lineno in reversed(frames):
+        if not findings.is_internal(filename):
+            return f"{filename}:{lineno}"
+    return ""  # Dynamo keeps no trace for code inside torch (nn modules): the caller names the call
+
+
+class _SitedInterpreter(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, recorder: _GraphOpRecorder) -> None:
+        super().__init__(gm)
+        self.recorder = recorder
+
+    def run_node(self, node: torch.fx.Node):
+        self.recorder.site = _node_site(node)
+        return super().run_node(node)
+
+
 def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -> None:
-    """Run a Dynamo graph on FakeTensors and keep its ops, to cost each call of the compiled graph."""
+    """Replay a Dynamo graph on FakeTensors: keep its ops, to cost each call of the compiled graph,
+    and check them for findings (what a NEFF would narrow or leave to the CPU) at their user lines."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     collector = _collector
@@ -221,9 +253,12 @@ def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -
             inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
                       if isinstance(x, torch.Tensor) else x for x in example_inputs]
             with recorder:
-                gm(*inputs)
+                _SitedInterpreter(gm, recorder).run(*inputs)
     except Exception as error:  # a graph we cannot replay is reported, never fatal
         graph.error = f"{type(error).__name__}: {error}"[:200]
+    called_at, _ = findings.user_site()  # the user's call that compiled this graph
+    for (op, inputs_meta, results_meta), site in zip(recorder.ops, recorder.sites):
+        collector.detector.check_graph_op(op, inputs_meta, results_meta, site or f"{called_at} (compiled)")
     with collector.lock:
         collector.graphs[name] = graph
 

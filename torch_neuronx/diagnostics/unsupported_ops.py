@@ -34,7 +34,7 @@ TABLE: dict[str, UnsupportedOp] = {e.op: e for e in (
     _entries("linalg_qr _linalg_svd _linalg_eigh linalg_cholesky_ex linalg_inv_ex linalg_lu_factor_ex "
              "linalg_ldl_factor_ex _linalg_slogdet _linalg_det cholesky_inverse triangular_solve",
              "linear algebra runs on the CPU", EXPLICIT)
-    + _entries("normal uniform bernoulli random exponential multinomial randperm",
+    + _entries("normal uniform bernoulli random exponential multinomial randperm native_dropout",
                "random numbers are drawn on the CPU", NO_RNG)
     + _entries("_fft_r2c _fft_c2r _fft_c2c", "FFTs (complex results) run on the CPU", NO_KERNEL)
     + _entries("sort", "sorting runs on the CPU", f"{NO_KERNEL}; {COMPILER_DOC}")
