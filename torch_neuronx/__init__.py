@@ -35,13 +35,24 @@ else:
 
 is_registered = _registration.is_registered
 
-# Trainium readiness (torch_neuronx.diagnostics): TorchNeuron's op tracking, and the report.
-if is_registered():
-    from torch_neuronx import diagnostics  # noqa: E402
-    from torch_neuronx.diagnostics import (clear_op_tracking, get_executed_ops, get_fallback_ops,  # noqa: E402
-                                           report)
+# Trainium readiness (torch_neuronx.diagnostics): TorchNeuron's op tracking, and the report. Imported
+# on first use (it costs ~45 ms, which every `import torch` would pay through autoload).
+_DIAGNOSTICS_NAMES = ("clear_op_tracking", "get_executed_ops", "get_fallback_ops", "report")
 
-    diagnostics.enable_from_env()
+
+def __getattr__(name: str):
+    if name == "diagnostics" or name in _DIAGNOSTICS_NAMES:
+        import importlib
+
+        diagnostics = importlib.import_module("torch_neuronx.diagnostics")
+        return diagnostics if name == "diagnostics" else getattr(diagnostics, name)
+    raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
+
+
+if is_registered() and _os.environ.get("TORCH_NEURONX_REPORT", "").strip():
+    from torch_neuronx import diagnostics as _diagnostics  # noqa: E402
+
+    _diagnostics.enable_from_env()
 
 # TorchNeuron's torch_neuronx.memory_* aliases: the whole torch.neuron.memory API.
 from torch_neuronx.neuron.memory import *  # noqa: E402,F401,F403

@@ -25,7 +25,6 @@ import torch
 import torch._dynamo
 
 from torch_neuronx.compile import compiled_graphs, host_code
-from torch_neuronx.diagnostics import observer
 from torch_neuronx.compile.host_code import NEFFExecutionError  # noqa: F401  (raised by compiled graphs)
 
 __all__ = ["NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
@@ -116,6 +115,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     """The ``neuron`` Dynamo backend."""
     from torch._guards import detect_fake_mode
     from torch._inductor.compile_fx import compile_fx
+
+    from torch_neuronx.diagnostics import observer
 
     options = _check_arguments(example_inputs, mode, options)
     metrics = GraphMetrics(graph_id=len(_metrics), graph_name=f"neuron_graph_{len(_metrics)}",

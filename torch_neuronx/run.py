@@ -60,7 +60,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
-    import torch_neuronx
     from torch_neuronx import diagnostics
 
     diagnostics.start()
@@ -83,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         paths = diagnostics.write(result, options.output_dir)
         print(result, file=sys.stderr)
         print(f"\nReport written to {paths['txt']}, {paths['json']} and {paths['html']}", file=sys.stderr)
-    del torch_neuronx
     return status
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -74,13 +75,15 @@ class Detector:
 
     def __init__(self) -> None:
         self.findings: dict[tuple[str, str, str], Finding] = {}
+        self.lock = threading.Lock()  # calls come from the main thread and autograd's device thread
 
     def add(self, kind: str, op: str, site: str, detail: str) -> None:
         key = (kind, op, site)
-        finding = self.findings.get(key)
-        if finding is None:
-            finding = self.findings[key] = Finding(kind, op, site, detail=detail)
-        finding.count += 1
+        with self.lock:
+            finding = self.findings.get(key)
+            if finding is None:
+                finding = self.findings[key] = Finding(kind, op, site, detail=detail)
+            finding.count += 1
 
     def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
         """Look at one op call on neuron; computes the user's line only when something is found."""
@@ -141,7 +144,9 @@ class Detector:
     def collected(self) -> list[Finding]:
         """The findings worth reporting: a host sync only where it repeats (a loop), every other kind."""
         out = []
-        for finding in self.findings.values():
+        with self.lock:
+            recorded = list(self.findings.values())
+        for finding in recorded:
             if finding.kind == "host-sync":
                 if finding.count < SYNCS_IN_A_LOOP:
                     continue  # reading a result once per call of a program is what every program does
