@@ -1,6 +1,7 @@
 """Trainium readiness: op tracking, findings (each present in a bad program, absent in a clean one),
 the roofline estimate (checked by hand and against torch.utils.flop_counter on CPU), and the ways
 users get the report (API, TORCH_NEURONX_REPORT=1, python -m torch_neuronx.run, HTML)."""
+import gc
 import inspect
 import json
 import math
@@ -22,6 +23,14 @@ from torch_neuronx.diagnostics.cost_model import TensorMeta
 import isolated
 
 N = "neuron"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forget_compiled_graphs():
+    """Compiled functions here capture neuron tensors: free them with this file, not in a later one."""
+    yield
+    torch._dynamo.reset()
+    gc.collect()
 
 
 @pytest.fixture
