@@ -85,12 +85,21 @@ class Detector:
                 finding = self.findings[key] = Finding(kind, op, site, detail=detail)
             finding.count += 1
 
-    def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
-        """Look at one op call on neuron; computes the user's line only when something is found."""
-        hits: list[tuple[str, str]] = []
+    @staticmethod
+    def _op_hits(op: str, wide: set[str]) -> list[tuple[str, str]]:
+        """What the op itself, and the float64/complex128 dtypes it saw on neuron, would do on Trainium."""
+        hits = []
         entry = unsupported_ops.lookup(op)
         if entry is not None:
             hits.append(("cpu-fallback", f"{entry.reason} [{entry.source}]"))
+        if wide:
+            hits.append(("float64", f"{', '.join(sorted(wide))} tensors"))
+        if cost_model.uses_generator(op):
+            hits.append(("device-rng", "draws random numbers on neuron"))
+        return hits
+
+    def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+        """Look at one op call on neuron; computes the user's line only when something is found."""
         wide: set[str] = set()
         out_of_range = None
         for t in (*inputs, *results):  # one pass; only neuron tensors are Trainium's business
@@ -102,14 +111,10 @@ class Detector:
                 low, high = (int(v) for v in torch.aminmax(t))
                 if low < INT32_MIN or high > INT32_MAX:
                     out_of_range = f"values in [{low}, {high}] leave the int32 range"
-        if wide:
-            hits.append(("float64", f"{', '.join(sorted(wide))} tensors"))
+        hits = self._op_hits(op, wide)
         if out_of_range is not None:
             hits.append(("int64-range", out_of_range))
-        base = cost_model.base_name(op)
-        sync = self._sync(base, inputs, results)
-        if cost_model.uses_generator(op):
-            hits.append(("device-rng", "draws random numbers on neuron"))
+        sync = self._sync(cost_model.base_name(op), inputs, results)
         if not hits and sync is None:
             return
         site, printing = user_site()
@@ -120,15 +125,10 @@ class Detector:
 
     def check_graph_op(self, op: str, inputs, results, site: str) -> None:
         """An op of a compiled graph (metadata only: values are unknown at compile time)."""
-        entry = unsupported_ops.lookup(op)
-        if entry is not None:
-            self.add("cpu-fallback", op, site, f"in a compiled graph: {entry.reason} [{entry.source}]")
-        wide = sorted({str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
-                       if m.device == "neuron" and m.dtype in (torch.float64, torch.complex128)})
-        if wide:
-            self.add("float64", op, site, f"in a compiled graph: {', '.join(wide)} tensors")
-        if cost_model.uses_generator(op):
-            self.add("device-rng", op, site, "in a compiled graph: draws random numbers on neuron")
+        wide = {str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
+                if m.device == "neuron" and m.dtype in (torch.float64, torch.complex128)}
+        for kind, detail in self._op_hits(op, wide):
+            self.add(kind, op, site, f"in a compiled graph: {detail}")
 
     @staticmethod
     def _sync(base: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> str | None:

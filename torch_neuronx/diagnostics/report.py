@@ -136,7 +136,9 @@ def _memory_rows() -> list[MemoryRow]:
 def _memory_findings(rows: list[MemoryRow], profile: cost_model.TrainiumProfile) -> list[findings.Finding]:
     from torch_neuronx import topology
 
-    hbm = topology.default_device_memory(topology.current().profile, profile.lnc)
+    # The HBM of one logical core of the profile's chip (not the emulated capacity, which users can raise).
+    instance = next(p for p in topology.PROFILES.values() if p.chip == profile.chip)
+    hbm = topology.default_device_memory(instance, profile.lnc)
     out = []
     for row in rows:
         if row.peak_bytes > hbm:
