@@ -468,3 +468,18 @@ def test_findings_inside_compiled_graphs_point_at_the_user_line(collect):
     line = inspect.getsourcelines(wide)[1] + 1
     assert {f["site"] for f in found} == {f"{__file__}:{line}"}
     assert all("in a compiled graph" in f["detail"] for f in found)
+
+
+def test_backward_calls_name_the_backward_node(collect):
+    w = torch.ones(3, device=N, dtype=torch.float64, requires_grad=True)
+    torch_neuronx.clear_op_tracking()
+    (w * 2).sum().backward()  # runs on autograd's neuron device thread: no user frame there
+    sites = {f["site"] for f in kinds(collect())["float64"]}
+    assert any(site.startswith("backward (") and "Backward" in site for site in sites), sites
+
+
+def test_collectives_are_counted_not_estimated():
+    assert cost_model.family("c10d::allreduce_") == "collective"
+    assert cost_model.family("aten::mm") == "matmul" and cost_model.family("aten::normal_") == "random"
+    assert cost_model.family("aten::native_dropout") == "random" and cost_model.family("aten::add.Tensor") == \
+        "elementwise"

@@ -52,6 +52,12 @@ def write(result: Report, directory: str) -> dict[str, str]:
 
 
 def _print_at_exit() -> None:
+    import torch
+
+    if not torch.neuron.is_initialized():  # e.g. torchrun's own process, which only launches the ranks
+        print(f"torch_neuronx: {REPORT_ENV}: neuron was not used in this process (pid {os.getpid()}), "
+              "nothing to report", file=sys.stderr)
+        return
     try:
         print(report(), file=sys.stderr)
     except Exception as error:  # noqa: BLE001 - never turn a finished program into a failed one

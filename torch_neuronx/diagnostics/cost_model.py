@@ -108,6 +108,8 @@ DATA_MOVEMENT_OPS = {"cat", "stack", "gather", "scatter", "scatter_add", "scatte
                      "_upsample_nearest_exact2d", "reflection_pad2d", "replication_pad2d", "unfold", "im2col",
                      "col2im", "slice_scatter", "select_scatter", "diagonal_scatter", "where"}
 HOST_TRANSFER = "host transfer"
+COLLECTIVE = "collective"
+NOT_ESTIMATED = (HOST_TRANSFER, COLLECTIVE)  # not HBM-bound work: counted, never costed
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,6 +148,8 @@ def uses_generator(op: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def family(op: str) -> str:
     """The op family a call is reported under."""
+    if op.startswith("c10d::"):
+        return COLLECTIVE
     base = base_name(op)
     if base in MATMUL_OPS:
         return "matmul"
@@ -280,8 +284,8 @@ def assumptions(profile: TrainiumProfile) -> list[str]:
         "Bytes: every tensor argument read once and every result written once; no fusion and no reuse "
         "from on-chip SRAM, so compiled graphs, which fuse ops, usually move less.",
         "FP32 matmuls are costed at the FP32 rate (neuronx-cc's --auto-cast would run them at the BF16 rate).",
-        "Host<->device copies and .item() are not in the estimate (they cross the host link, not HBM); "
-        "they are counted as syncs.",
+        "Host<->device copies and .item() are not in the estimate (they cross the host link, not HBM), "
+        "and neither are collectives (NeuronLink/EFA); both are counted.",
         "Compiled graphs: their forward ops are costed per call; the backward of a compiled training "
         "graph is not.",
     ]

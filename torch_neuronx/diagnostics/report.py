@@ -4,13 +4,14 @@ estimate of the time it would take there. ``torch_neuronx.report()`` builds one.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, unsupported_ops
-from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, TensorMeta
+from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
 
 TIMELINE_POINTS = 400
 
@@ -55,6 +56,7 @@ class MemoryRow:
 
 @dataclass
 class Report:
+    process: str  # "pid N", with the rank under torch.distributed
     profile: dict
     collected: bool
     executed_ops: dict[str, int]
@@ -99,12 +101,12 @@ def _family_rows(costs: list[tuple[str, int, cost_model.OpCost]]) -> list[Family
         row.calls += calls
         row.flops += cost.flops * calls
         row.bytes += cost.bytes * calls
-        if fam != HOST_TRANSFER:
+        if fam not in NOT_ESTIMATED:
             row.estimated_ms += cost.seconds * calls * 1e3
             if cost.bound == "compute":
                 compute_s[fam] += cost.seconds * calls
     for row in rows.values():
-        if row.family == HOST_TRANSFER:
+        if row.family in NOT_ESTIMATED:
             row.bound = "not estimated"
         else:
             row.bound = "compute" if compute_s[row.family] * 1e3 > row.estimated_ms / 2 else "memory"
@@ -120,6 +122,11 @@ def _downsample(points: list[tuple[float, int]], limit: int) -> list[tuple[float
         bucket = points[int(i * step): int((i + 1) * step)] or points[-1:]
         out.append(max(bucket, key=lambda p: p[1]))
     return out
+
+
+def _process() -> str:
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    return f"pid {os.getpid()}" + (f", rank {rank} of {world}" if rank is not None and world else "")
 
 
 def _memory_rows() -> list[MemoryRow]:
@@ -163,7 +170,7 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
         collector.switch_phase(collector.phase.name)  # bring the current phase's wall time up to date
     executed = op_tracking.get_op_counts()
     memory = _memory_rows()
-    report = Report(profile=profile.as_dict(), collected=collector is not None, executed_ops=executed,
+    report = Report(process=_process(), profile=profile.as_dict(), collected=collector is not None, executed_ops=executed,
                     fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)}, neff_signatures=0, compiled_graphs=[],
                     signatures=[], findings=[], phases=[], families=[], estimated_ms=0.0, host_syncs=0,
                     memory=memory, memory_timeline=[], assumptions=cost_model.assumptions(profile))
@@ -211,7 +218,7 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
         (SignatureRow(signatures[k].op, [str(m) for m in signatures[k].inputs], costs[k][0], calls, costs[k][1].flops,
                       costs[k][1].bytes, costs[k][1].seconds * 1e6) for k, calls in totals.items()),
         key=lambda r: (-r.estimated_us * r.calls, r.op))
-    report.neff_signatures = sum(1 for k in totals if costs[k][0] != HOST_TRANSFER)
+    report.neff_signatures = sum(1 for k in totals if costs[k][0] not in NOT_ESTIMATED)
     report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
         {"name": name, "ops": len(g.ops), "calls": sum(p[3].get(name, 0) for p in phases),

@@ -30,7 +30,7 @@ def _families(rows, indent: str = "  ") -> list[str]:
 
 
 def render(report) -> str:
-    lines = ["Trainium readiness report (torch-neuronx-cpu: every op ran on the host)", ""]
+    lines = [f"Trainium readiness report (torch-neuronx-cpu: every op ran on the host; {report.process})", ""]
     lines.append(f"Profile: {report.profile['name']}")
     ops = sum(report.executed_ops.values())
     lines.append(f"Ops executed on neuron: {ops} calls of {len(report.executed_ops)} ops; "
