@@ -228,6 +228,12 @@ def test_profile_numbers():
     assert math.isclose(p1.bf16_tflops, 667 / 8) and math.isclose(p1.hbm_tb_per_s, 2.9 / 8)
     with pytest.raises(ValueError, match="no cost profile for chip 'Trainium9'"):
         cost_model.profile_for("Trainium9", 2)
+    assert cost_model.parse_profile("Trainium3:1") == cost_model.profile_for("Trainium3", 1)
+    assert cost_model.parse_profile("Trainium2") == p
+    with pytest.raises(ValueError, match="CHIP:LNC, e.g. Trainium2:2; got 'Trainium2:x'"):
+        cost_model.parse_profile("Trainium2:x")
+    with pytest.raises(ValueError, match="LNC must be 1 or 2"):
+        cost_model.parse_profile("Trainium2:3")
 
 
 def test_matmul_estimate_by_hand():

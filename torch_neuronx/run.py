@@ -50,9 +50,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if options.profile is not None:
         from torch_neuronx.diagnostics import cost_model
 
-        chip, _, lnc = options.profile.partition(":")
         try:
-            cost_model.profile_for(chip, int(lnc or 2))
+            cost_model.parse_profile(options.profile)
         except ValueError as error:
             parser.error(f"--profile {options.profile}: {error}")
     return options

@@ -85,6 +85,14 @@ def profile_for(chip: str, lnc: int) -> TrainiumProfile:
         fp8_tflops=spec.fp8_tflops * share, hbm_tb_per_s=spec.hbm_tb_per_s * share, source=spec.source)
 
 
+def parse_profile(text: str) -> TrainiumProfile:
+    """'CHIP:LNC' ('Trainium2:2', 'Trainium3:1'; ':LNC' defaults to 2) -> its profile."""
+    chip, _, lnc = text.partition(":")
+    if lnc and not lnc.strip().isdigit():
+        raise ValueError(f"a Trainium profile is CHIP:LNC, e.g. Trainium2:2; got {text!r}")
+    return profile_for(chip.strip(), int(lnc or 2))
+
+
 def current_profile() -> TrainiumProfile:
     """The profile of the emulated instance (``TORCH_NEURONX_INSTANCE_TYPE``, ``NEURON_LOGICAL_NC_CONFIG``)."""
     from torch_neuronx import topology

@@ -162,8 +162,7 @@ def _memory_findings(rows: list[MemoryRow], profile: cost_model.TrainiumProfile)
 def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
     """The report of what was collected so far (see :func:`torch_neuronx.diagnostics.start`)."""
     if isinstance(profile, str):
-        chip, _, lnc = profile.partition(":")
-        profile = cost_model.profile_for(chip, int(lnc or 2))
+        profile = cost_model.parse_profile(profile)
     profile = profile or cost_model.current_profile()
     collector = observer.active() or observer.last()
     if collector is observer.active() and collector is not None:
