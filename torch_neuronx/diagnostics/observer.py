@@ -96,10 +96,6 @@ class Collector:
         self.switch_phase(self.phase.name)
 
     def observe(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
-        if "::" not in op:
-            return  # the core's own calls (entering a compiled graph), not ops
-        if op.endswith(".default"):
-            op = op[: -len(".default")]
         # A Python number passed as a tensor (x * 2) reaches Python as the number: not a tensor argument.
         inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
         key = (op, _metas(inputs))
