@@ -119,10 +119,7 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     phases.run("neuron compiled, new size", height=args.height // 2, width=args.width // 2)
     phases.run("neuron compiled, other step count", steps=max(1, args.steps // 2))
 
-    from diffusers import Flux2Transformer2DModel
-
-    torch._dynamo.reset()  # a fresh transformer, compiled block by block this time
-    pipe.transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
+    pipe.transformer = fresh_neuron_transformer(source, dtype)  # compiled block by block this time
     pipe.transformer.compile_repeated_blocks(backend="neuron", fullgraph=True, dynamic=False)
     phases.run("repeated blocks compiled, warm-up", against=eager)
     phases.run("repeated blocks compiled, call", against=eager)
@@ -141,15 +138,21 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     readiness(pipe, args, source, dtype)
 
 
-def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
-    """What a real Trainium would do differently: one eager and one compiled generation with
-    diagnostics on (they cost ~20-40 us per eager op, so the timed phases above ran without)."""
+def fresh_neuron_transformer(source: str, dtype: torch.dtype):
+    """The transformer loaded anew on neuron, with Dynamo's compiled code forgotten."""
     from diffusers import Flux2Transformer2DModel
 
+    torch._dynamo.reset()
+    return Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
+
+
+def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
+    """What a real Trainium would do differently: one eager and one compiled generation with
+    diagnostics on (they cost ~35 us per eager op, so the timed phases above ran without)."""
     from torch_neuronx import diagnostics
 
-    torch._dynamo.reset()  # the whole transformer compiled again (a cache hit), so its graph is costed
-    pipe.transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
+    # The whole transformer compiled again (a cache hit), so its graph is costed.
+    pipe.transformer = fresh_neuron_transformer(source, dtype)
     diagnostics.start()
     with diagnostics.phase("eager generation"):
         generate(pipe, args.height, args.width, args.steps, args.seed)

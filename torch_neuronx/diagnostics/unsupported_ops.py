@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from torch_neuronx.diagnostics.cost_model import base_name
+
 # TorchNeuron's own source (v0.1.0; a public mirror: github.com/parmoham-aws/test-repo-parmoham@98154b8).
 EXPLICIT = ("TorchNeuron 0.1.0 source, python_ops/cpu_fallback_registrations.py: registered to run on the CPU "
             "(\"ops not supported on Neuron\")")
@@ -50,8 +52,4 @@ TABLE: dict[str, UnsupportedOp] = {e.op: e for e in (
 @functools.lru_cache(maxsize=None)
 def lookup(op: str) -> UnsupportedOp | None:
     """The table's entry for an op name ('aten::normal_', 'aten::normal_.default', 'aten::normal'), or None."""
-    namespace, _, rest = op.partition("::")
-    name = rest.split(".", 1)[0]
-    if name.endswith("_") and not name.endswith("__"):
-        name = name[:-1]
-    return TABLE.get(f"{namespace}::{name}")
+    return TABLE.get(f"{op.partition('::')[0]}::{base_name(op)}")
