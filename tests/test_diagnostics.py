@@ -201,6 +201,67 @@ def test_recompiles_and_graph_breaks(collect, capsys):
     capsys.readouterr()
 
 
+def test_inductor_on_neuron(collect):
+    def double_sin(x):
+        return (x * 2).sin()
+
+    x = torch.ones(4, device=N)
+    torch.compile(double_sin, backend=N)(x)  # the neuron backend: fine
+    torch.compile(double_sin)(torch.ones(4))  # Inductor on CPU tensors: fine
+    assert "inductor-on-neuron" not in kinds(collect())
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match='backend="neuron"'):
+        site = here(1)
+        torch.compile(double_sin)(x)  # Inductor, the default backend, on neuron tensors
+    (found,) = kinds(collect())["inductor-on-neuron"]
+    assert found["site"] == site and found["op"] == 'torch.compile(backend="inductor")' and found["count"] == 1
+    assert 'compile with backend="neuron"' in str(collect())  # the text report names the fix
+
+
+def test_inductor_on_neuron_error_without_diagnostics():
+    from torch_neuronx.ecosystem_errors import InductorOnNeuronError
+
+    assert diagnostics.observer.active() is None
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as caught:
+        torch.compile(lambda x: x + 1)(torch.ones(2, device=N))
+    assert isinstance(caught.value.inner_exception, InductorOnNeuronError)
+
+
+def test_safetensors_device(collect, tmp_path):
+    import safetensors
+    import safetensors.torch
+
+    path = str(tmp_path / "w.safetensors")
+    safetensors.torch.save_file({"w": torch.arange(6.0)}, path)
+    safetensors.torch.load_file(path, device="cpu")["w"].to(N)  # the working paths
+    safetensors.torch.load_file(path, device=0)
+    with safetensors.safe_open(path, framework="pt", device="cpu") as f:
+        f.get_tensor("w")
+    assert "safetensors-device" not in kinds(collect())
+    with pytest.raises(Exception, match="device neuron is invalid"):  # safetensors' own error, unchanged
+        site = here(1)
+        safetensors.torch.load_file(path, device="neuron")
+    with pytest.raises(Exception, match="is invalid"):
+        open_site = here(1)
+        safetensors.safe_open(path, framework="pt", device="neuron:0")
+    found = {f["site"]: f for f in kinds(collect())["safetensors-device"]}
+    assert set(found) == {site, open_site}
+    assert found[site]["op"] == "safetensors.torch.load_file(device='neuron')" and found[site]["count"] == 1
+    assert found[open_site]["op"] == "safetensors.safe_open(device='neuron:0')"
+    assert "load to CPU" in str(collect())
+
+
+def test_safetensors_unwatched_after_stop():
+    import safetensors.torch
+
+    diagnostics.start()
+    assert hasattr(safetensors.torch.load_file, "__neuron_watched__")
+    diagnostics.stop()
+    assert not hasattr(safetensors.torch.load_file, "__neuron_watched__")
+    assert not hasattr(safetensors.safe_open, "__neuron_watched__")
+
+
 def test_memory_against_hbm():
     code = """
         import torch, torch_neuronx

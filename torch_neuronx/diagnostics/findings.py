@@ -20,6 +20,11 @@ SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
 
 # Kinds, in the order the report lists them, with what each means on Trainium.
 KINDS = {
+    # errors first: the program stopped there (the same call fails on Trainium)
+    "inductor-on-neuron": "torch.compile's default backend (Inductor) has no neuron code generator, on Trainium "
+                          "either: compile with backend=\"neuron\"",
+    "safetensors-device": "safetensors rejects device=\"neuron\" (its device list is fixed), on Trainium too: "
+                          "load to CPU then .to(\"neuron\"), or pass device=0",
     "cpu-fallback": "TorchNeuron runs this op on the CPU (a host round trip per call)",
     "float64": "Trainium has no float64: TorchNeuron computes it in float32",
     "int64-range": "TorchNeuron computes int64 in 32 bits: these values do not fit",

@@ -18,7 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from torch_neuronx.diagnostics import cost_model, findings
+from torch_neuronx import ecosystem_errors
+from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 
 DEFAULT_PHASE = "run"
@@ -139,6 +140,16 @@ def _observe(op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -
         collector.observe(op, inputs, results)
 
 
+def _library_error(kind: str, call: str, detail: str) -> None:
+    """A library failing on neuron as it would on Trainium (torch_neuronx.ecosystem_errors)."""
+    collector = _collector
+    if collector is not None:
+        site, _ = findings.user_site()
+        collector.detector.add(kind, call, site, detail)
+
+
+ecosystem_errors.listen(_library_error)
+
 _observer_library = torch.library.Library("neuron", "IMPL")  # noqa: the core calls neuron::_observe_op
 _observer_library.impl("_observe_op", _observe, "CPU")
 
@@ -149,6 +160,7 @@ def start() -> Collector:
     if _collector is None:
         _collector = Collector()
         torch.ops.neuron._set_op_tracking_level(2)
+        safetensors_watch.install()
     return _collector
 
 
@@ -158,6 +170,7 @@ def stop() -> Collector | None:
     collector = _collector
     if collector is not None:
         torch.ops.neuron._set_op_tracking_level(1)
+        safetensors_watch.uninstall()
         collector.close_phase()
         _collector, _last = None, collector
     return collector

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from torch_neuronx import topology
+from torch_neuronx import ecosystem_errors, topology
 from torch_neuronx.neuron._device import (  # noqa: F401
     _get_device_index,
     current_device,
@@ -133,4 +133,8 @@ def __getattr__(name):
         from torch_neuronx import neuron_dynamo_backend
 
         return getattr(neuron_dynamo_backend, name)
+    if name in ecosystem_errors.INDUCTOR_HOOK_NAMES:
+        # Inductor's codegen hook for a PrivateUse1 device: neuron has none, as on Trainium. These
+        # raise one clear error naming backend="neuron" at Inductor's first use of a neuron graph.
+        return ecosystem_errors.NO_INDUCTOR_BACKEND[name]
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
