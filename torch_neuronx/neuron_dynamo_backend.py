@@ -124,7 +124,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                            has_collectives=_has_collectives(gm),
                            graph_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"))
     _metrics.append(metrics)
-    eager = _copy_graph_module(gm)  # the neuron graph, should compilation fail
     try:
         start = time.perf_counter()
         if _has_subclasses(example_inputs):
@@ -142,13 +141,16 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         observed = observer.active() is not None  # diagnostics: cost each call of this graph
         if observed:
             observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
-        host_code.rewrite_to_cpu(gm, fake_mode)
-        cpu_inputs = host_code.cpu_example_inputs(example_inputs, fake_mode)
+        host_graph = _copy_graph_module(gm)  # Dynamo still reads gm's inputs after we return
+        lifted = host_code.lift_tensor_attributes(host_graph, fake_mode)
+        host_code.rewrite_to_cpu(host_graph, fake_mode)
+        lifted_fakes = [n.meta["example_value"] for n in host_graph.graph.find_nodes(op="placeholder")][:len(lifted)]
+        cpu_inputs = host_code.cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode)
         rewritten = time.perf_counter()
-        key = compiled_graphs.graph_key(gm, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
+        key = compiled_graphs.graph_key(host_graph, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
         with compiled_graphs.inductor_settings():
             compiled, hit, compile_s = compiled_graphs.compile_with_cache(
-                key, lambda: compile_fx(gm, cpu_inputs))
+                key, lambda: compile_fx(host_graph, cpu_inputs))
         metrics.fx_passes_us = (rewritten - start) * 1e6
         metrics.lower_us = (time.perf_counter() - rewritten - compile_s) * 1e6
         metrics.compile_us = compile_s * 1e6
@@ -162,8 +164,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         warnings.warn(f"neuron failed to compile graph {metrics.graph_name} ({type(error).__name__}: {error}); "
                       "running it eagerly", RuntimeWarning, stacklevel=2)
         metrics.fell_back = True
-        return eager.forward
-    call = host_code.run_graph_on_neuron(compiled)
+        return gm.forward  # the neuron graph, run eagerly
+    call = host_code.run_graph_on_neuron(compiled, lifted)
     return observer.count_calls(metrics.graph_name, call) if observed else call
 
 
@@ -197,10 +199,20 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, met
 
 
 def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy whose nodes the CPU rewrite leaves alone (it replaces args/meta, never mutates them)."""
+    """A copy of Dynamo's graph to rewrite for the host, with what AOTAutograd reads from Dynamo
+    (the graph's meta, its parameters' and each input's source). Each node's meta dict is a
+    shallow copy: the rewrite replaces its values, never mutates them."""
     graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    return torch.fx.GraphModule(gm, graph)
+    copied: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copied))
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        copy._param_name_to_source = gm._param_name_to_source
+    for node, new in copied.items():
+        if hasattr(node, "_dynamo_source"):
+            new._dynamo_source = node._dynamo_source
+    return copy
 
 
 def create_neuron_backend(**options) -> Callable:

@@ -28,7 +28,7 @@ ARTIFACT_FORMAT = "1"
 def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, Any]) -> str:
     """Everything that shapes the compiled code: the graph, its inputs' metadata, how it is
     compiled, and the versions of torch, Inductor's configuration and this project."""
-    inputs = [(tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
+    inputs = [(tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype), t.requires_grad)
               if isinstance(t, torch.Tensor) else repr(t) for t in cpu_inputs]
     settings = {k: repr(v) for k, v in sorted(compile_kwargs.items()) if k != "graph_id"}
     return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True, include_device=True),

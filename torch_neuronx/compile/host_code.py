@@ -5,7 +5,9 @@ Inductor exactly as a CPU graph is, so Inductor's caches (FX graph, AOTAutograd)
 time neuron inputs are passed as CPU aliases of the same bytes and the outputs come back as
 neuron tensors without a copy (``_enter/_exit_compiled_call`` in csrc/compiled_calls.cpp). When
 gradients flow, an autograd.Function bridges neuron autograd to the CPU graph's: its backward
-runs the compiled backward on CPU aliases of the incoming gradients.
+runs the compiled backward on CPU aliases of the incoming gradients. Tensors Dynamo installs as
+graph attributes (optimizer state, parameters, buffers, free tensors) are lifted to inputs, so
+they take the same path.
 """
 from __future__ import annotations
 
@@ -55,6 +57,53 @@ def rewrite_to_cpu(gm: torch.fx.GraphModule, fake_mode) -> None:
                 node.meta[name] = torch.utils._pytree.tree_map(lambda v: _cpu_fake(v, fake_mode, True),
                                                                node.meta[name])
     gm.recompile()
+
+
+def _attribute_owner(gm: torch.nn.Module, target: str) -> tuple[torch.nn.Module, str]:
+    *path, name = target.split(".")
+    owner = gm
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+def lift_tensor_attributes(gm: torch.fx.GraphModule, fake_mode) -> list[torch.Tensor]:
+    """Turn the graph's tensor attributes into its leading inputs; returns those tensors in order.
+
+    Dynamo installs what it treats as static state as attributes of the graph module: an
+    optimizer's parameters and state, a module's parameters and buffers when it is not inlined,
+    constant tensors. They are real neuron tensors, which neither the CPU fakes nor the CPU
+    code can use. As inputs they are passed like any other: a fresh CPU alias of the same bytes
+    on every call, so in-place updates (optimizer state, running statistics) land in the neuron
+    tensors, their version counters move, and a later ``.data`` swap is seen. The values are
+    then no part of the compiled code, so the cache key (graph and input metadata) stays right.
+    """
+    nodes = [n for n in gm.graph.nodes if n.op == "get_attr"
+             and isinstance(getattr(*_attribute_owner(gm, n.target)), torch.Tensor)]
+    if not nodes:
+        return []
+    sources = getattr(gm, "_param_name_to_source", None) or {}
+    first_input = next((n for n in gm.graph.nodes if n.op == "placeholder"), None)
+    first_node = first_input if first_input is not None else next(iter(gm.graph.nodes))
+    lifted: list[torch.Tensor] = []
+    placeholders: dict[str, torch.fx.Node] = {}
+    for node in nodes:
+        if node.target not in placeholders:
+            owner, name = _attribute_owner(gm, node.target)
+            value = getattr(owner, name)
+            with gm.graph.inserting_before(first_node):
+                placeholder = gm.graph.placeholder(f"lifted_{node.target.replace('.', '_')}")
+            placeholder.meta.update(node.meta)
+            if not isinstance(placeholder.meta.get("example_value"), torch.Tensor):
+                placeholder.meta["example_value"] = fake_mode.from_tensor(value, static_shapes=True)
+            placeholder._dynamo_source = sources.get(node.target)  # AOTAutograd reads it off every input
+            placeholders[node.target] = placeholder
+            lifted.append(value)
+            delattr(owner, name)
+        node.replace_all_uses_with(placeholders[node.target])
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return lifted
 
 
 def _ops():
@@ -120,6 +169,7 @@ class _GradBridge(torch.autograd.Function):
         return tuple(mapped)
 
     @staticmethod
+    @torch._disable_dynamo  # called by autograd from user code Dynamo may be tracing (loss.backward() in a compiled step)
     def backward(ctx, *grads):
         enter, leave, _ = _ops()
         pairs = [(o, g) for o, g in zip(ctx.cpu_outputs, grads) if o.requires_grad and g is not None]
@@ -134,10 +184,14 @@ class _GradBridge(torch.autograd.Function):
         return (None, None, None, None, *[next(by_input) if need else None for need in ctx.needs])
 
 
-def run_graph_on_neuron(compiled: Callable) -> Callable:
-    """Wrap a CPU-compiled graph so it takes and returns neuron tensors, zero-copy."""
+def run_graph_on_neuron(compiled: Callable, leading: Sequence[torch.Tensor] = ()) -> Callable:
+    """Wrap a CPU-compiled graph so it takes and returns neuron tensors, zero-copy; ``leading``
+    (the lifted tensor attributes) go before the caller's arguments on every call."""
+    leading = tuple(leading)
 
     def call(*args):
+        if leading:
+            args = (*leading, *args)
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         tensors = [args[i] for i in positions]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
