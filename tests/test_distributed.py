@@ -34,7 +34,41 @@ def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported)
     # backend "": init_process_group() without one, as when neuron is the accelerator.
     reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend)
     in_pair = [COLLECTIVE_CHECKS if rank < 2 else COLLECTIVE_CHECKS - 1 for rank in range(ranks)]
-    assert reports == [f"{rank} {reported} {n}" for rank, n in enumerate(in_pair)]
+    assert reports == [f"{rank} {reported} {n} node=0 core={rank}" for rank, n in enumerate(in_pair)]
+
+
+def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
+    """Run tests/distributed/<script> as on `nodes` hosts: one torchrun launcher per node, started
+    separately and joined by c10d rendezvous (loopback addresses only); each rank's report, sorted
+    by rank."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+               f"--nproc-per-node={procs_per_node}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--local-addr=127.0.0.1",
+               "--rdzv-conf=join_timeout=120", os.path.join(HERE, "distributed", script)]
+    launch_env = environment(RESULT_DIR=str(result_dir), GLOO_SOCKET_IFNAME="lo", **env)
+    launchers = [subprocess.Popen(command, env=launch_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(nodes)]
+    try:
+        outputs = [p.communicate(timeout=300) for p in launchers]
+    finally:
+        for p in launchers:  # a launcher left waiting for its peer: stop it (it stops its workers)
+            if p.poll() is None:
+                p.terminate()
+                p.communicate(timeout=60)
+    for p, (_, err) in zip(launchers, outputs):
+        assert p.returncode == 0, err[-4000:]
+    return sorted(p.read_text() for p in result_dir.glob("rank*.txt"))
+
+
+def test_two_nodes_run_every_collective_with_each_rank_on_its_nodes_local_core(tmp_path):
+    # LOCAL_RANK starts at 0 on each node: ranks 0,1 on node 0 and 2,3 on node 1 take cores 0 and 1.
+    reports = torchrun_nodes("collectives.py", 2, 2, tmp_path)
+    in_pair = [COLLECTIVE_CHECKS if rank < 2 else COLLECTIVE_CHECKS - 1 for rank in range(4)]
+    assert reports == [f"{rank} neuron {n} node={rank // 2} core={rank % 2}" for rank, n in enumerate(in_pair)]
+
+
+def test_two_nodes_ddp_fsdp2_and_tensor_parallel_equal_one_cpu_process(tmp_path):
+    assert torchrun_nodes("parallel_training.py", 2, 1, tmp_path) == ["0 23", "1 23"]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

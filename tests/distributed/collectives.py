@@ -1,8 +1,8 @@
 """Run under torchrun (any number of processes; PG_BACKEND "neuron", or empty for no backend
 argument). Every rank binds to its own core, and every collective of the `neuron` group gives on
 neuron tensors exactly what Gloo gives on CPU tensors of the same group (the oracle), in place
-where torch's contract is in place. Each rank writes "<rank> <backend> <checks>" to RESULT_DIR.
-Used by tests/test_distributed.py."""
+where torch's contract is in place. Each rank writes "<rank> <backend> <checks> node=<torchrun's
+node rank> core=<its core>" to RESULT_DIR. Used by tests/test_distributed.py."""
 import os
 from datetime import timedelta
 
@@ -164,5 +164,6 @@ if world > 1:
         on_both("subgroup all_reduce", in_place(lambda t: dist.all_reduce(t, group=pair)), mine())
 
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as f:  # not stdout: ranks interleave
-    f.write(f"{rank} {dist.get_backend()} {len(checks)}")
+    f.write(f"{rank} {dist.get_backend()} {len(checks)} node={os.environ['GROUP_RANK']} "
+            f"core={torch.neuron.get_device_properties(0).core_id}")
 dist.destroy_process_group()
