@@ -148,7 +148,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         cpu_inputs = host_code.cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode)
         rewritten = time.perf_counter()
         key = compiled_graphs.graph_key(host_graph, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
-        with compiled_graphs.inductor_settings():
+        with compiled_graphs.inductor_settings(compiled_graphs.inputs_share_storage(cpu_inputs)):
             compiled, hit, compile_s = compiled_graphs.compile_with_cache(
                 key, lambda: compile_fx(host_graph, cpu_inputs))
         metrics.fx_passes_us = (rewritten - start) * 1e6

@@ -26,9 +26,14 @@ ARTIFACT_FORMAT = "1"
 
 
 def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, Any]) -> str:
-    """Everything that shapes the compiled code: the graph, its inputs' metadata, how it is
-    compiled, and the versions of torch, Inductor's configuration and this project."""
-    inputs = [(tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype), t.requires_grad)
+    """Everything that shapes the compiled code: the graph, its inputs' metadata (which inputs
+    share a storage among it), how it is compiled, and the versions of torch, Inductor's
+    configuration and this project."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages: dict[StorageWeakRef, int] = {}  # each storage numbered by its first input
+    inputs = [(tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype), t.requires_grad,
+               storages.setdefault(StorageWeakRef(t.untyped_storage()), len(storages)))
               if isinstance(t, torch.Tensor) else repr(t) for t in cpu_inputs]
     settings = {k: repr(v) for k, v in sorted(compile_kwargs.items()) if k != "graph_id"}
     return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True, include_device=True),
@@ -36,10 +41,19 @@ def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, An
                                 ARTIFACT_FORMAT, repr(torch._inductor.config.get_hash()))
 
 
+def inputs_share_storage(cpu_inputs) -> bool:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages = [StorageWeakRef(t.untyped_storage()) for t in cpu_inputs if isinstance(t, torch.Tensor)]
+    return len(set(storages)) < len(storages)
+
+
 @contextlib.contextmanager
-def inductor_settings():
+def inductor_settings(aliased_inputs: bool = False):
     """Inductor's working cache under the NEFF cache directory (unless the user chose one);
-    its FX graph cache off when the NEFF cache is disabled, so a disabled cache really compiles."""
+    its FX graph cache off when the NEFF cache is disabled, so a disabled cache really compiles.
+    AOTAutograd's cache is skipped for a graph whose inputs share a storage: its key leaves out
+    which inputs alias, so it would hand back code compiled for separate inputs."""
     cache = neff_cache.get_cache()
     if not torch_neuronx.compile.USER_INDUCTOR_CACHE_DIR and cache.enabled:
         inductor_dir = os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)
@@ -50,7 +64,9 @@ def inductor_settings():
             usable = False  # the NEFF cache warns about its directory; Inductor keeps its default
         if usable:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
-    with torch._inductor.config.patch(fx_graph_cache=cache.enabled):
+    aot_cache = torch._functorch.config.enable_autograd_cache and not aliased_inputs
+    with torch._inductor.config.patch(fx_graph_cache=cache.enabled), \
+            torch._functorch.config.patch(enable_autograd_cache=aot_cache):
         yield
 
 

@@ -11,6 +11,7 @@ they take the same path.
 """
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Sequence
 
 import torch
@@ -214,4 +215,32 @@ def run_graph_on_neuron(compiled: Callable, leading: Sequence[torch.Tensor] = ()
 
 
 def cpu_example_inputs(example_inputs: Sequence[Any], fake_mode) -> list:
-    return [_cpu_fake(v, fake_mode, keep_grad=True) for v in example_inputs]
+    """CPU fakes of the inputs. Inputs that share a neuron storage (a tensor and its view, a
+    lifted attribute and an argument) share one CPU fake storage, without a ``_base``, exactly as
+    their CPU aliases do at run time: AOTAutograd compiles for the aliasing it will meet."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage_of(v):
+        if isinstance(v, torch.Tensor) and v.device.type == NEURON:
+            return StorageWeakRef(v.untyped_storage())
+        return None
+
+    keys = [storage_of(v) for v in example_inputs]
+    counts = collections.Counter(k for k in keys if k is not None)
+    shared = {k for k, n in counts.items() if n > 1}
+    bases: dict[Any, torch.Tensor] = {}
+    result = []
+    for v, key in zip(example_inputs, keys):
+        if key is None or key not in shared:
+            result.append(_cpu_fake(v, fake_mode, keep_grad=True))
+            continue
+        if key not in bases:
+            with fake_mode:
+                bases[key] = torch.empty(v.untyped_storage().nbytes(), dtype=torch.uint8, device=_CPU)
+        with fake_mode:
+            cpu = torch.empty(0, dtype=v.dtype, device=_CPU).set_(
+                bases[key].untyped_storage(), v.storage_offset(), v.shape, v.stride())
+        if v.requires_grad:
+            cpu.requires_grad_(True)
+        result.append(cpu)
+    return result
