@@ -163,3 +163,20 @@ def test_diffusers_group_offloading_to_disk_on_neuron(tmp_path):
         in_memory = unet()
         in_memory.enable_group_offload(N, offload_type="leaf_level")
         torch.testing.assert_close(in_memory(x.to(N), t.to(N)).sample.cpu(), expected, rtol=0, atol=0)
+
+
+# ---- diffusers' test gate for neuron -------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason=(
+    "diffusers' is_torch_neuronx_available() asks importlib.metadata for a distribution named "
+    "torch_neuronx; ours is torch-neuronx-cpu, so it is False and diffusers' @require_torch_neuron tests "
+    "(the neuron tensor-parallel tests of Flux, Flux2, QwenImage) skip here while they run on Trainium. "
+    "Fix: distribution metadata under the name torch-neuronx (pyproject), then drop this marker"))
+def test_diffusers_sees_torch_neuronx():
+    pytest.importorskip("diffusers")
+    import importlib.metadata
+
+    from diffusers.utils import import_utils
+
+    assert torch.neuron.is_available()
+    importlib.metadata.version("torch_neuronx")  # what diffusers' _is_package_available asks
+    assert import_utils.is_torch_neuronx_available()
