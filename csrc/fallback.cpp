@@ -2,6 +2,7 @@
 // PyTorch's CPU kernel on CPU aliases of its neuron arguments (no copies).
 #include "dispatch.h"
 
+#include <ATen/ThreadLocalPythonObjects.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
@@ -141,7 +142,19 @@ void c10d_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
     }
   }
-  neuron_fallback(op, stack);
+  // Gloo's Work keeps a copy of the caller's thread-local state, with its Python objects
+  // (backward stashes a contextvars copy there). Gloo's worker thread drops the Work last,
+  // possibly once the interpreter is shutting down, where taking the GIL to release them
+  // ends the thread and aborts the process. A collective needs none of them.
+  const at::impl::ThreadLocalPythonObjects python_objects = at::impl::ThreadLocalPythonObjects::get_state();
+  at::impl::ThreadLocalPythonObjects::set_state({});
+  try {
+    neuron_fallback(op, stack);
+  } catch (...) {
+    at::impl::ThreadLocalPythonObjects::set_state(python_objects);
+    throw;
+  }
+  at::impl::ThreadLocalPythonObjects::set_state(python_objects);
 }
 
 struct SilentWarnings final : c10::WarningHandler {

@@ -1,17 +1,26 @@
-"""Keeps neuron's intra-op thread count equal to CPU's.
+"""Neuron work runs on the threads CPU work would run on, with the same intra-op thread count.
 
-Autograd runs the backward of neuron tensors on its own neuron device thread, whose
-OpenMP thread count was fixed when that thread started, while CPU's backward runs on
-the caller's thread. A later ``torch.set_num_threads(n)`` would then reach CPU's
-backward but not neuron's, and reductions would split differently (other last bits,
-other speed). ``torch.set_num_threads`` is wrapped to tell the core, which makes every
-thread that runs a neuron op adopt the new count.
+Autograd runs the backward of every device but CPU on a per-device thread of its own engine
+(only CPU, Meta and Lazy stay on the caller's thread). For neuron, whose ops run on the host,
+that thread buys nothing and costs three things:
+- a hand-off to it and back at every backward;
+- its OpenMP thread count, fixed when it started, drifts from CPU's after
+  ``torch.set_num_threads`` (reductions split differently: other last bits);
+- it may still be releasing the graph after the caller's interpreter began shutting down,
+  which aborts the process at exit ("terminate called without an active exception").
+
+So once neuron is in use, backward runs with autograd's multithreading off, i.e. on the
+caller's thread, exactly as CPU's does. ``torch.set_num_threads`` is also wrapped to tell the
+core, so any other thread that runs neuron ops adopts the new count.
 """
 import functools
 
 import torch
+import torch.autograd
+import torch.autograd.graph
 
 _original_set_num_threads = torch.set_num_threads
+_original_engine_run_backward = torch.autograd.graph._engine_run_backward
 
 
 @functools.wraps(_original_set_num_threads)
@@ -20,6 +29,20 @@ def set_num_threads(count: int) -> None:
     torch.ops.neuron._set_intraop_threads(torch.get_num_threads())
 
 
+@functools.wraps(_original_engine_run_backward)
+def _engine_run_backward(*args, **kwargs):
+    if not torch.ops.neuron._is_initialized() or not torch._C._is_multithreading_enabled():
+        return _original_engine_run_backward(*args, **kwargs)
+    torch._C._set_multithreading_enabled(False)
+    try:
+        return _original_engine_run_backward(*args, **kwargs)
+    finally:
+        torch._C._set_multithreading_enabled(True)
+
+
 def install() -> None:
     torch.set_num_threads = set_num_threads
     torch.ops.neuron._set_intraop_threads(torch.get_num_threads())
+    # torch.autograd imported the function by name: both references are its callers'.
+    torch.autograd.graph._engine_run_backward = _engine_run_backward
+    torch.autograd._engine_run_backward = _engine_run_backward
