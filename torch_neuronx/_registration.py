@@ -46,7 +46,8 @@ def register_for_autoload() -> bool:
     except Exception as error:  # noqa: BLE001 - any failure must leave torch importable
         _warn_once(
             f"torch_neuronx (torch-neuronx-cpu) failed to register the 'neuron' device: {error!r}. "
-            "torch works without it. Reinstall the project (pip install --no-build-isolation -e .), "
+            "torch works without it. Reinstall it against this torch (pip install --no-build-isolation "
+            "--force-reinstall --no-deps torch-neuronx-cpu, or pip install --no-build-isolation -e . in a checkout), "
             "or disable autoloading with TORCH_DEVICE_BACKEND_AUTOLOAD=0."
         )
         return False
