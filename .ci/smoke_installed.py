@@ -1,0 +1,155 @@
+"""Smoke test of an installed (non-editable) torch-neuronx-cpu, run from outside the checkout.
+
+Usage: python smoke_installed.py CHECKOUT_DIR   (with the venv's python, cwd a scratch folder)
+Each check is what a new user does first; any failure exits non-zero with its output.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+CHECKOUT = os.path.realpath(sys.argv[1])
+PYTHON = sys.executable
+BIN = os.path.dirname(PYTHON)
+CHECKS = []
+
+
+def check(name):
+    def record(fn):
+        CHECKS.append((name, fn))
+        return fn
+    return record
+
+
+def run(args, env=None, code=None):
+    env = {**os.environ, **(env or {})}
+    if code is not None:
+        args = [PYTHON, "-c", textwrap.dedent(code)] + list(args)
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
+    if r.returncode != 0:
+        raise AssertionError(f"{args[:3]} exited {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-3000:]}")
+    return r
+
+
+@check("the package comes from the venv, not the checkout, and its core is this Python's")
+def _installed():
+    out = run([], code="""
+        import torch, torch_neuronx, torch_neuronx._library as lib
+        print(torch_neuronx.__file__); print(lib.core_path())
+    """).stdout.split()
+    for path in out:
+        assert not os.path.realpath(path).startswith(CHECKOUT), f"{path} is inside the checkout"
+        assert "site-packages" in path, path
+
+
+@check("every subpackage of the checkout is installed")
+def _subpackages():
+    expected = sorted(os.path.relpath(root, CHECKOUT).replace(os.sep, ".")
+                      for root, _, files in os.walk(os.path.join(CHECKOUT, "torch_neuronx")) if "__init__.py" in files)
+    out = run(expected, code="""
+        import importlib, sys
+        for name in sys.argv[1:]:
+            importlib.import_module(name)
+        print(len(sys.argv) - 1)
+    """).stdout.strip()
+    assert out == str(len(expected)), (out, expected)
+
+
+@check("a neuron tensor, after import torch alone")
+def _tensor():
+    out = run([], code="""
+        import torch
+        x = torch.arange(6.0, device="neuron").reshape(2, 3)
+        y = (x @ x.T).relu().sum()
+        print(y.device, float(y))
+    """).stdout.split()
+    assert out == ["neuron:0", "83.0"], out  # [[5, 14], [14, 50]]
+
+
+@check("torch.compile(backend='neuron'), forward and backward")
+def _compile():
+    out = run([], code="""
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).to("neuron")
+        x = torch.randn(4, 8, device="neuron")
+        compiled = torch.compile(m, backend="neuron", fullgraph=True)
+        y = compiled(x)
+        torch.testing.assert_close(y.cpu(), m.cpu()(x.cpu()))
+        m.to("neuron")
+        compiled(x).sum().backward()
+        from torch_neuronx.neuron_dynamo_backend import get_dynamo_metrics
+        print(y.device, len(get_dynamo_metrics()) >= 1)
+    """).stdout.split()
+    assert out == ["neuron:0", "True"], out
+
+
+@check("torch_neuronx.report() and op tracking")
+def _report():
+    out = run([], code="""
+        import torch, torch_neuronx
+        torch_neuronx.diagnostics.start()
+        x = torch.randn(4, 4, device="neuron", dtype=torch.float64)
+        (x * 2).sum().item()
+        report = torch_neuronx.report()
+        print("aten::mul.Tensor" in torch_neuronx.get_executed_ops())
+        print(sorted({f["kind"] for f in report.findings}))
+    """).stdout.splitlines()
+    assert out[0] == "True" and "float64" in out[1], out
+
+
+@check("python -m torch_neuronx.run script.py")
+def _run_wrapper():
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, "train.py")
+        with open(script, "w") as f:
+            f.write("import torch\nx = torch.ones(3, device='neuron', dtype=torch.float64)\nprint(float(x.sum()))\n")
+        r = run([PYTHON, "-m", "torch_neuronx.run", "--output-dir", os.path.join(folder, "out"), script])
+        assert "3.0" in r.stdout, r.stdout
+        with open(os.path.join(folder, "out", "report.json")) as f:
+            report = json.load(f)
+        assert any(f["kind"] == "float64" for f in report["findings"]), report["findings"]
+
+
+@check("TORCH_NEURONX_REPORT=1 prints the report at exit")
+def _report_env():
+    r = run([], env={"TORCH_NEURONX_REPORT": "1"}, code="""
+        import torch
+        print(float(torch.ones(2, device="neuron").sum()))
+    """)
+    assert "2.0" in r.stdout and "neuron" in r.stderr.lower() and "Trainium" in r.stderr, r.stderr
+
+
+@check("neuron-ls and neuron-cache")
+def _scripts():
+    r = run([os.path.join(BIN, "neuron-ls")])
+    assert "NEURON" in r.stdout.upper(), r.stdout
+    r = run([os.path.join(BIN, "neuron-ls"), "--json-output"])
+    json.loads(r.stdout)
+    with tempfile.TemporaryDirectory() as folder:
+        r = run([os.path.join(BIN, "neuron-cache"), "--dir", folder, "size"])
+        assert r.stdout.strip(), r.stdout
+
+
+@check("a backward exits 0, twenty times")
+def _exits():
+    for _ in range(20):
+        run([], code="""
+            import torch
+            m = torch.nn.Linear(8, 8).to("neuron")
+            m(torch.randn(4, 8, device="neuron")).sum().backward()
+        """)
+
+
+failed = 0
+for name, fn in CHECKS:
+    try:
+        fn()
+        print(f"ok    {name}", flush=True)
+    except Exception as error:  # noqa: BLE001 - report every check
+        failed += 1
+        print(f"FAIL  {name}\n{error}", flush=True)
+print(f"wheel smoke test: {failed} of {len(CHECKS)} checks failed" if failed else
+      f"wheel smoke test: all {len(CHECKS)} checks succeeded")
+sys.exit(1 if failed else 0)
