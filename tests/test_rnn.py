@@ -1,11 +1,11 @@
 """nn.LSTM / nn.GRU / nn.RNN and their cells on neuron against CPU, forward and backward.
 
-ATen runs recurrent layers differently on CPU and on any other device (RNN.cpp): CPU projects the
-inputs of all time steps in one matmul (and LSTM goes to oneDNN when it may), other devices
-project step by step and call the fused cells (``_thnn_fused_lstm_cell``/``_thnn_fused_gru_cell``,
-torch_neuronx/recurrent.py). Whole layers therefore agree with CPU to rounding, not to the bit;
-single cell forwards in float32 are bit-identical. (In bfloat16 CPU's cell adds the bias inside the
-matmul, rounding once; ATen hands the fused cell the matmul without bias, so the sum rounds twice.)
+Whole layers run CPU's generic path step for step (torch_neuronx/recurrent.py), so they are
+bit-identical to CPU; except that CPU's default for float32/bfloat16 LSTM is oneDNN, which rounds
+differently: LSTM equals CPU bit for bit under torch.backends.mkldnn.flags(enabled=False), and to
+rounding otherwise. Cells take ATen's device path through the fused cells: float32 forwards are
+bit-identical, backwards (and bfloat16, where CPU's cell adds the bias inside the matmul and
+rounds once) agree to rounding.
 """
 import pytest
 import torch
@@ -22,6 +22,7 @@ def _run(module, x, h, device, mkldnn=True, packed_lengths=None):
     x = x.detach().to(device).requires_grad_(True)
     h = None if h is None else tuple(t.detach().to(device).requires_grad_(True) for t in h)
     with torch.backends.mkldnn.flags(enabled=mkldnn):
+        torch.manual_seed(1)  # dropout between layers draws the same numbers on both devices
         inp = x if packed_lengths is None else pack_padded_sequence(x, packed_lengths, enforce_sorted=False)
         if h is None:
             out = module(inp)
@@ -41,6 +42,9 @@ def _run(module, x, h, device, mkldnn=True, packed_lengths=None):
     return [o.detach().cpu() for o in outs], [g.cpu() for g in grads]
 
 
+EXACT = dict(rtol=0, atol=0)
+
+
 def _compare(module_fn, x, h=None, dtype=torch.float32, packed_lengths=None):
     torch.manual_seed(0)
     module = module_fn().to(dtype)
@@ -48,9 +52,10 @@ def _compare(module_fn, x, h=None, dtype=torch.float32, packed_lengths=None):
     n_out, n_grads = _run(module, x, h, N, packed_lengths=packed_lengths)
     for mkldnn in (True, False):  # CPU's default (oneDNN for LSTM) and its generic path
         c_out, c_grads = _run(module, x, h, "cpu", mkldnn, packed_lengths)
+        one_dnn = mkldnn and isinstance(module, torch.nn.LSTM) and module.proj_size == 0
         for n, c in zip(n_out + n_grads, c_out + c_grads):
             assert n.dtype == c.dtype and n.shape == c.shape
-            torch.testing.assert_close(n, c, **TOL[dtype])
+            torch.testing.assert_close(n, c, **(TOL[dtype] if one_dnn else EXACT))
 
 
 CONFIGS = [
@@ -85,10 +90,26 @@ def test_lstm_with_projections(bidirectional, dtype):
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_dropout_between_layers(kind):
+    module = lambda: getattr(torch.nn, kind)(4, 6, num_layers=3, dropout=0.5, bidirectional=True)  # noqa: E731
+    _compare(module, torch.randn(5, 3, 4))
+    _compare(module, torch.randn(5, 3, 4), packed_lengths=torch.tensor([5, 2, 4]))
+
+
+def test_relu_nonlinearity():
+    _compare(lambda: torch.nn.RNN(4, 6, num_layers=2, nonlinearity="relu", bidirectional=True),
+             torch.randn(5, 3, 4))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
 def test_packed_sequences(kind):
     lengths = torch.tensor([5, 2, 4])
-    _compare(lambda: getattr(torch.nn, kind)(4, 6, num_layers=2, bidirectional=True), torch.randn(5, 3, 4),
-             packed_lengths=lengths)
+    for bidirectional in (False, True):
+        _compare(lambda: getattr(torch.nn, kind)(4, 6, num_layers=2, bidirectional=bidirectional),
+                 torch.randn(5, 3, 4), packed_lengths=lengths)
+    if kind == "LSTM":
+        _compare(lambda: torch.nn.LSTM(4, 6, proj_size=3, bidirectional=True), torch.randn(5, 3, 4),
+                 packed_lengths=lengths)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -120,8 +141,6 @@ def test_cells_match_cpu(bias, dtype):
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_double_backward_matches_cpu(kind):
-    """Under create_graph autograd differentiates the cells with the composite
-    _thnn_differentiable_*_cell_backward; the second-order gradients must match CPU's."""
     torch.manual_seed(0)
     module = getattr(torch.nn, kind)(3, 4, num_layers=2)
     x = torch.randn(5, 2, 3)
@@ -129,13 +148,33 @@ def test_double_backward_matches_cpu(kind):
     for device in ("cpu", N):
         m = module.to(device)
         xd = x.to(device).requires_grad_(True)
-        with torch.backends.mkldnn.flags(enabled=False):  # oneDNN's LSTM has no double backward
+        with torch.backends.mkldnn.flags(enabled=False):
             out = m(xd)[0]
             (gx,) = torch.autograd.grad((out * out).sum(), xd, create_graph=True)
             second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
         results.append([g.cpu() for g in (gx, *second)])
     for n, c in zip(results[1], results[0]):
-        torch.testing.assert_close(n, c, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(n, c, **EXACT)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell])
+def test_cell_double_backward_matches_cpu(cls):
+    """Under create_graph autograd differentiates the fused cells with the composite
+    _thnn_differentiable_*_cell_backward."""
+    torch.manual_seed(0)
+    cell = cls(3, 4)
+    x = torch.randn(2, 3)
+    results = []
+    for device in ("cpu", N):
+        m = cell.to(device)
+        xd = x.to(device).requires_grad_(True)
+        out = m(xd)
+        out = out[0] if isinstance(out, tuple) else out
+        (gx,) = torch.autograd.grad((out * out).sum(), xd, create_graph=True)
+        second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
+        results.append([g.cpu() for g in (gx, *second)])
+    for n, c in zip(results[1], results[0]):
+        torch.testing.assert_close(n, c, **TOL[torch.float32])
 
 
 def test_inference_mode_and_no_grad():
@@ -147,11 +186,14 @@ def test_inference_mode_and_no_grad():
     lstm = lstm.to(N)
     with torch.inference_mode():
         got = lstm(x.to(N))[0]
-    torch.testing.assert_close(got.cpu(), expected, **TOL[torch.float32])
+    torch.testing.assert_close(got.cpu(), expected, **EXACT)
+    with torch.no_grad():
+        got = lstm(x.to(N))[0]
+    torch.testing.assert_close(got.cpu(), expected, **EXACT)
 
 
 def test_fused_cell_ops_directly():
-    """The ATen ops themselves, against CPU's unfused cell (nn.LSTMCell's CPU path)."""
+    """The ATen ops themselves (forward), against CPU's unfused cell (nn.LSTMCell's CPU path)."""
     torch.manual_seed(0)
     igates, hgates = torch.randn(3, 24), torch.randn(3, 24)
     cx, b_ih, b_hh = torch.randn(3, 6), torch.randn(24), torch.randn(24)
@@ -170,3 +212,43 @@ def test_fused_cell_ops_directly():
     n = (ig[:, 12:] + hg[:, 12:] * r).tanh()
     torch.testing.assert_close(hy.cpu(), (hx - n) * z + n, rtol=0, atol=0)
     assert workspace.shape == (3, 30)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_cell_backward_kernels(bias):
+    """_thnn_fused_lstm_cell_backward_impl / _thnn_fused_gru_cell_backward (what autograd calls
+    without create_graph) against autograd through the same cell written with CPU ops."""
+    torch.manual_seed(0)
+    ig, hg, cx = torch.randn(3, 24), torch.randn(3, 24), torch.randn(3, 6)
+    biases = [torch.randn(24), torch.randn(24)] if bias else [None, None]
+
+    def lstm_reference(ig, hg, cx, b_ih, b_hh):
+        gates = ig + hg if b_ih is None else (hg + b_hh) + (ig + b_ih)
+        i, f, g, o = gates.chunk(4, 1)
+        cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+        return o.sigmoid() * cy.tanh(), cy
+
+    gru_ig, gru_hg, hx = torch.randn(3, 18), torch.randn(3, 18), torch.randn(3, 6)
+    gru_biases = [torch.randn(18), torch.randn(18)] if bias else [None, None]
+
+    def gru_reference(ig, hg, hx, b_ih, b_hh):
+        if b_ih is not None:
+            ig, hg = ig + b_ih, hg + b_hh
+        r = (hg[:, :6] + ig[:, :6]).sigmoid()
+        z = (hg[:, 6:12] + ig[:, 6:12]).sigmoid()
+        n = (ig[:, 12:] + hg[:, 12:] * r).tanh()
+        return ((hx - n) * z + n,)
+
+    cases = [(torch.ops.aten._thnn_fused_lstm_cell, lstm_reference, [ig, hg, cx, *biases], 2),
+             (torch.ops.aten._thnn_fused_gru_cell, gru_reference, [gru_ig, gru_hg, hx, *gru_biases], 1)]
+    for op, reference, inputs, n_out in cases:
+        leaves = [None if t is None else t.clone().requires_grad_(True) for t in inputs]
+        expected = torch.autograd.grad(reference(*leaves), [t for t in leaves if t is not None],
+                                       [torch.full((3, 6), 0.5 + k) for k in range(n_out)])
+        on_neuron = [None if t is None else t.to(N).requires_grad_(True) for t in inputs]
+        outs = op(*on_neuron)[:n_out]
+        got = torch.autograd.grad(outs, [t for t in on_neuron if t is not None],
+                                  [torch.full((3, 6), 0.5 + k, device=N) for k in range(n_out)])
+        for g, e in zip(got, expected):
+            assert g.device.type == N
+            torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
