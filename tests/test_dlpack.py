@@ -82,3 +82,12 @@ def test_torch_refusals_are_torch_s():
         torch.ones(2, device=N, requires_grad=True).__dlpack__()
     with pytest.raises(BufferError, match="conjugate bit"):
         torch.ones(2, dtype=torch.complex64, device=N).conj().__dlpack__()
+
+
+def test_from_dlpack_with_a_device():
+    t = torch.arange(3.0, device=N)
+    on_cpu = torch.from_dlpack(t, device="cpu")  # the host view: no copy
+    assert on_cpu.device.type == "cpu" and on_cpu.data_ptr() == t.data_ptr()
+    on_neuron = torch.from_dlpack(t, device=N)  # host memory onto neuron: a copy, as CPU -> CUDA
+    assert on_neuron.device.type == N and on_neuron.data_ptr() != t.data_ptr()
+    assert torch.equal(on_neuron.cpu(), t.cpu())
