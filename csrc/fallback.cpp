@@ -45,7 +45,9 @@ bool has_neuron_index(const c10::Argument& arg, const c10::IValue& value) {
   if (!value.isList() || arg.name() != "indices") return false;
   if (value.toList().elementType()->kind() != c10::TypeKind::OptionalType) return false;
   for (const c10::IValue& element : value.toListRef()) {
-    if (element.isTensor() && element.toTensor().device().type() == kNeuron) return true;
+    if (!element.isTensor()) continue;
+    const auto& index = element.toTensor();
+    if (index.defined() && index.device().type() == kNeuron) return true;
   }
   return false;
 }
@@ -76,7 +78,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
     if (v.isTensor()) {
-      neuron_tensor = neuron_tensor || v.toTensor().device().type() == kNeuron;
+      neuron_tensor = neuron_tensor || (v.toTensor().defined() && v.toTensor().device().type() == kNeuron);
       v = ctx.alias(v.toTensor());
     } else if (v.isList()) {
       neuron_index = neuron_index || has_neuron_index(arguments[i], v);
