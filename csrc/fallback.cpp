@@ -41,6 +41,18 @@ c10::IValue alias_list(CallContext& ctx, const c10::IValue& value) {
   return out;
 }
 
+// A neuron tensor in an index list (`Tensor?[] indices`), e.g. cpu_t[neuron_idx].
+bool has_neuron_index(const c10::Argument& arg, const c10::IValue& value) {
+  if (!value.isList() || arg.name() != "indices") return false;
+  if (value.toList().elementType()->kind() != c10::TypeKind::OptionalType) return false;
+  for (const c10::IValue& element : value.toListRef()) {
+    if (!element.isTensor()) continue;
+    const auto& index = element.toTensor();
+    if (index.defined() && index.device().type() == kNeuron) return true;
+  }
+  return false;
+}
+
 c10::IValue results_to_neuron(CallContext& ctx, const c10::IValue& value) {
   if (value.isTensor()) return ctx.to_neuron(value.toTensor());
   if (!value.isList()) return value;
@@ -62,12 +74,15 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   ctx.set_overload_name(&schema.overload_name());
 
   bool results_stay_on_cpu = false;  // an explicit device='cpu' argument
+  bool neuron_tensor = false, neuron_index = false;
   c10::SmallVector<size_t, 2> default_generator_slots;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
     if (v.isTensor()) {
+      neuron_tensor = neuron_tensor || (v.toTensor().defined() && v.toTensor().device().type() == kNeuron);
       v = ctx.alias(v.toTensor());
     } else if (v.isList()) {
+      neuron_index = neuron_index || has_neuron_index(arguments[i], v);
       v = alias_list(ctx, v);
     } else if (v.isDevice()) {
       const auto device = v.toDevice();
@@ -87,6 +102,9 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (storage.device_type() == kNeuron) v = ctx.alias_storage(storage);
     }
   }
+  // Only the indices are on neuron: PyTorch's message for CUDA indices of a CPU tensor.
+  TORCH_CHECK(neuron_tensor || !neuron_index,
+              "indices should be either on cpu or on the same device as the indexed tensor (cpu)");
   ctx.check_devices();
   // No generator given: draw from the neuron device's default generator, not the CPU one.
   for (size_t i : default_generator_slots) {
@@ -179,6 +197,20 @@ int64_t route_generic_kernel_ops_to_fallback() {
   return routed;
 }
 
+namespace {
+
+// Ops whose only kernel is generic and refuses devices it does not know (mode's
+// "only supports CPU, CUDA and XPU"): on neuron, run it as on CPU, on CPU aliases.
+int64_t route_ops_to_fallback(const std::vector<std::string>& names) {
+  auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const auto& name : names) {
+    library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
+  return static_cast<int64_t>(names.size());
+}
+
+}  // namespace
+
 // torch's own c10d kernels for PrivateUse1 hand neuron tensors to the process
 // group's backend for the neuron device; Gloo accepts only CPU tensors. Running
 // them through the fallback gives Gloo CPU aliases of the neuron memory (no
@@ -209,6 +241,10 @@ constexpr char kQuantized[] = "quantized";
 constexpr char kNested[] = "nested";
 
 }  // namespace
+
+TORCH_LIBRARY_FRAGMENT(neuron, m) {
+  m.def("_route_ops_to_fallback(str[] names) -> int", &route_ops_to_fallback);
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());

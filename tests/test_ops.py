@@ -128,6 +128,39 @@ def test_indexing_with_neuron_and_cpu_indices(index_device):
                 torch.gather(x, 1, idx[:2].view(2, 1).expand(2, 3)))
 
 
+def test_cpu_tensor_with_neuron_indices_gives_pytorch_s_message():
+    """As for CUDA indices of a CPU tensor: PyTorch's own message, not a generic device mismatch."""
+    x = torch.randn(5, 3)
+    idx = torch.tensor([1, 3], device=N)
+    message = r"indices should be either on cpu or on the same device as the indexed tensor \(cpu\)"
+    with pytest.raises(RuntimeError, match=message):
+        x[idx]
+    with pytest.raises(RuntimeError, match=message):
+        x[idx] = 1.0
+    with pytest.raises(RuntimeError, match=message):
+        x.index_put_((idx,), torch.ones(2, 3))
+    with pytest.raises(RuntimeError, match=message):
+        x[x.to(N) > 0]
+    # a neuron value tensor is a plain device mismatch, as with CUDA values
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x.index_put_((idx.cpu(),), torch.ones(2, 3, device=N))
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_mode_with_out(keepdim):
+    """mode.values has no CPU kernel: its generic kernel refused neuron ("mode only supports CPU,
+    CUDA and XPU device type"), so it runs through the fallback as on CPU."""
+    x = torch.randint(0, 4, (5, 7)).float()
+    values, indices = torch.empty(0), torch.empty(0, dtype=torch.long)
+    torch.mode(x, 1, keepdim, out=(values, indices))
+    d_values, d_indices = torch.empty(0, device=N), torch.empty(0, dtype=torch.long, device=N)
+    result = torch.mode(x.to(N), 1, keepdim, out=(d_values, d_indices))
+    assert result.values is d_values and result.indices is d_indices
+    assert_same(d_values, values)
+    assert_same(d_indices, indices)
+    assert_same(torch.mode(x.to(N), 0), torch.mode(x, 0))
+
+
 def test_batchnorm_running_stats_update_in_place():
     bn_cpu = torch.nn.BatchNorm2d(3)
     bn = torch.nn.BatchNorm2d(3).to(N)

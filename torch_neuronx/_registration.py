@@ -10,6 +10,11 @@ BACKEND_NAME = "neuron"
 _registered = False
 _warned = False
 
+# Ops with no CPU kernel whose generic kernel checks for the devices it knows and refuses
+# neuron ("mode only supports CPU, CUDA and XPU device type"); CPU runs that same generic
+# kernel, so the fallback runs it on CPU aliases of the neuron tensors.
+ROUTED_TO_FALLBACK = ["mode.values"]
+
 
 class BackendConflictError(RuntimeError):
     """PrivateUse1 already belongs to another backend."""
@@ -70,12 +75,15 @@ def register(on_conflict: str = "raise") -> bool:
         _warn_once(message)
         return False
 
-    from torch_neuronx import _library, threads
+    from torch_neuronx import _library, dlpack, recurrent, threads
 
     _library.load()
     apply_topology()
     torch.ops.neuron._route_generic_kernel_ops_to_fallback()
+    torch.ops.neuron._route_ops_to_fallback(ROUTED_TO_FALLBACK)
     torch.ops.neuron._route_c10d_ops_to_fallback()
+    recurrent.register()
+    dlpack.install()
     threads.install()
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)

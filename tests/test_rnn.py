@@ -1,0 +1,254 @@
+"""nn.LSTM / nn.GRU / nn.RNN and their cells on neuron against CPU, forward and backward.
+
+Whole layers run CPU's generic path step for step (torch_neuronx/recurrent.py), so they are
+bit-identical to CPU; except that CPU's default for float32/bfloat16 LSTM is oneDNN, which rounds
+differently: LSTM equals CPU bit for bit under torch.backends.mkldnn.flags(enabled=False), and to
+rounding otherwise. Cells take ATen's device path through the fused cells: float32 forwards are
+bit-identical, backwards (and bfloat16, where CPU's cell adds the bias inside the matmul and
+rounds once) agree to rounding.
+"""
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+N = "neuron"
+# bfloat16: a few units in the last place (2**-8 relative) where the order of operations differs.
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+
+
+def _run(module, x, h, device, mkldnn=True, packed_lengths=None):
+    """Forward + backward of sum(out * w) on `device`; returns outputs, input and parameter grads."""
+    module = module.to(device)
+    x = x.detach().to(device).requires_grad_(True)
+    h = None if h is None else tuple(t.detach().to(device).requires_grad_(True) for t in h)
+    with torch.backends.mkldnn.flags(enabled=mkldnn):
+        torch.manual_seed(1)  # dropout between layers draws the same numbers on both devices
+        inp = x if packed_lengths is None else pack_padded_sequence(x, packed_lengths, enforce_sorted=False)
+        if h is None:
+            out = module(inp)
+        else:
+            out = module(inp, h if isinstance(module, torch.nn.LSTM) else h[0])
+        if isinstance(out, torch.Tensor):
+            outs = [out]
+        else:
+            first, hidden = out
+            if packed_lengths is not None:
+                first = pad_packed_sequence(first)[0]
+            outs = [first, *(hidden if isinstance(hidden, tuple) else (hidden,))]
+        gen = torch.Generator().manual_seed(0)
+        weights = [torch.randn(o.shape, generator=gen).to(device, o.dtype) for o in outs]
+        wrt = [x, *(h or ()), *module.parameters()]
+        grads = torch.autograd.grad(outs, wrt, weights)
+    return [o.detach().cpu() for o in outs], [g.cpu() for g in grads]
+
+
+EXACT = dict(rtol=0, atol=0)
+
+
+def _compare(module_fn, x, h=None, dtype=torch.float32, packed_lengths=None):
+    torch.manual_seed(0)
+    module = module_fn().to(dtype)
+    x, h = x.to(dtype), None if h is None else tuple(t.to(dtype) for t in h)
+    n_out, n_grads = _run(module, x, h, N, packed_lengths=packed_lengths)
+    for mkldnn in (True, False):  # CPU's default (oneDNN for LSTM) and its generic path
+        c_out, c_grads = _run(module, x, h, "cpu", mkldnn, packed_lengths)
+        one_dnn = mkldnn and isinstance(module, torch.nn.LSTM) and module.proj_size == 0
+        for n, c in zip(n_out + n_grads, c_out + c_grads):
+            assert n.dtype == c.dtype and n.shape == c.shape
+            torch.testing.assert_close(n, c, **(TOL[dtype] if one_dnn else EXACT))
+
+
+CONFIGS = [
+    dict(num_layers=1),
+    dict(num_layers=2, bidirectional=True),
+    dict(num_layers=2, batch_first=True),
+    dict(num_layers=1, bias=False),
+    dict(num_layers=2, bidirectional=True, bias=False, batch_first=True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_layers_match_cpu(kind, config, dtype):
+    cls = getattr(torch.nn, kind)
+    batch_first = config.get("batch_first", False)
+    x = torch.randn((3, 5, 4) if batch_first else (5, 3, 4))
+    layers = config["num_layers"] * (2 if config.get("bidirectional") else 1)
+    h = [torch.randn(layers, 3, 6)] + ([torch.randn(layers, 3, 6)] if kind == "LSTM" else [])
+    _compare(lambda: cls(4, 6, **config), x, h, dtype)
+    _compare(lambda: cls(4, 6, **config), x, None, dtype)  # zero initial state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lstm_with_projections(bidirectional, dtype):
+    layers = 2 * (2 if bidirectional else 1)
+    h = (torch.randn(layers, 3, 2), torch.randn(layers, 3, 6))
+    _compare(lambda: torch.nn.LSTM(4, 6, num_layers=2, proj_size=2, bidirectional=bidirectional),
+             torch.randn(5, 3, 4), h, dtype)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_dropout_between_layers(kind):
+    module = lambda: getattr(torch.nn, kind)(4, 6, num_layers=3, dropout=0.5, bidirectional=True)  # noqa: E731
+    _compare(module, torch.randn(5, 3, 4))
+    _compare(module, torch.randn(5, 3, 4), packed_lengths=torch.tensor([5, 2, 4]))
+
+
+def test_relu_nonlinearity():
+    _compare(lambda: torch.nn.RNN(4, 6, num_layers=2, nonlinearity="relu", bidirectional=True),
+             torch.randn(5, 3, 4))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_packed_sequences(kind):
+    lengths = torch.tensor([5, 2, 4])
+    for bidirectional in (False, True):
+        _compare(lambda: getattr(torch.nn, kind)(4, 6, num_layers=2, bidirectional=bidirectional),
+                 torch.randn(5, 3, 4), packed_lengths=lengths)
+    if kind == "LSTM":
+        _compare(lambda: torch.nn.LSTM(4, 6, proj_size=3, bidirectional=True), torch.randn(5, 3, 4),
+                 packed_lengths=lengths)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cells_match_cpu(bias, dtype):
+    for cls in (torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell):
+        torch.manual_seed(0)
+        cell = cls(4, 6, bias=bias).to(dtype)
+        x = torch.randn(3, 4, dtype=dtype)
+        h = torch.randn(3, 6, dtype=dtype)
+        state = (h, torch.randn(3, 6, dtype=dtype)) if cls is torch.nn.LSTMCell else h
+        results = {}
+        for device in ("cpu", N):
+            m = cell.to(device)
+            xd = x.to(device).requires_grad_(True)
+            sd = tuple(s.to(device).requires_grad_(True) for s in state) if isinstance(state, tuple) \
+                else state.to(device).requires_grad_(True)
+            out = m(xd, sd)
+            outs = list(out) if isinstance(out, tuple) else [out]
+            wrt = [xd, *(sd if isinstance(sd, tuple) else (sd,)), *m.parameters()]
+            grads = torch.autograd.grad(outs, wrt, [torch.ones_like(o) * 0.5 for o in outs])
+            results[device] = ([o.detach().cpu() for o in outs], [g.cpu() for g in grads])
+        exact = dict(rtol=0, atol=0) if dtype == torch.float32 else TOL[dtype]
+        for n, c in zip(results[N][0], results["cpu"][0]):
+            torch.testing.assert_close(n, c, **exact)
+        for n, c in zip(results[N][1], results["cpu"][1]):
+            torch.testing.assert_close(n, c, **TOL[dtype])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_double_backward_matches_cpu(kind):
+    torch.manual_seed(0)
+    module = getattr(torch.nn, kind)(3, 4, num_layers=2)
+    x = torch.randn(5, 2, 3)
+    results = []
+    for device in ("cpu", N):
+        m = module.to(device)
+        xd = x.to(device).requires_grad_(True)
+        with torch.backends.mkldnn.flags(enabled=False):
+            out = m(xd)[0]
+            (gx,) = torch.autograd.grad((out * out).sum(), xd, create_graph=True)
+            second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
+        results.append([g.cpu() for g in (gx, *second)])
+    for n, c in zip(results[1], results[0]):
+        torch.testing.assert_close(n, c, **EXACT)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell])
+def test_cell_double_backward_matches_cpu(cls):
+    """Under create_graph autograd differentiates the fused cells with the composite
+    _thnn_differentiable_*_cell_backward."""
+    torch.manual_seed(0)
+    cell = cls(3, 4)
+    x = torch.randn(2, 3)
+    results = []
+    for device in ("cpu", N):
+        m = cell.to(device)
+        xd = x.to(device).requires_grad_(True)
+        out = m(xd)
+        out = out[0] if isinstance(out, tuple) else out
+        (gx,) = torch.autograd.grad((out * out).sum(), xd, create_graph=True)
+        second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
+        results.append([g.cpu() for g in (gx, *second)])
+    for n, c in zip(results[1], results[0]):
+        torch.testing.assert_close(n, c, **TOL[torch.float32])
+
+
+def test_inference_mode_and_no_grad():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6)
+    x = torch.randn(5, 3, 4)
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
+        expected = lstm(x)[0]
+    lstm = lstm.to(N)
+    with torch.inference_mode():
+        got = lstm(x.to(N))[0]
+    torch.testing.assert_close(got.cpu(), expected, **EXACT)
+    with torch.no_grad():
+        got = lstm(x.to(N))[0]
+    torch.testing.assert_close(got.cpu(), expected, **EXACT)
+
+
+def test_fused_cell_ops_directly():
+    """The ATen ops themselves (forward), against CPU's unfused cell (nn.LSTMCell's CPU path)."""
+    torch.manual_seed(0)
+    igates, hgates = torch.randn(3, 24), torch.randn(3, 24)
+    cx, b_ih, b_hh = torch.randn(3, 6), torch.randn(24), torch.randn(24)
+    hy, cy, workspace = torch.ops.aten._thnn_fused_lstm_cell(igates.to(N), hgates.to(N), cx.to(N), b_ih.to(N), b_hh.to(N))
+    gates = (hgates + b_hh) + (igates + b_ih)
+    i, f, g, o = gates.chunk(4, 1)
+    c_expected = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+    torch.testing.assert_close(cy.cpu(), c_expected, rtol=0, atol=0)
+    torch.testing.assert_close(hy.cpu(), o.sigmoid() * c_expected.tanh(), rtol=0, atol=0)
+    assert workspace.shape == (3, 24) and workspace.device.type == N
+
+    ig, hg, hx = torch.randn(3, 18), torch.randn(3, 18), torch.randn(3, 6)
+    hy, workspace = torch.ops.aten._thnn_fused_gru_cell(ig.to(N), hg.to(N), hx.to(N))
+    r = (hg[:, :6] + ig[:, :6]).sigmoid()
+    z = (hg[:, 6:12] + ig[:, 6:12]).sigmoid()
+    n = (ig[:, 12:] + hg[:, 12:] * r).tanh()
+    torch.testing.assert_close(hy.cpu(), (hx - n) * z + n, rtol=0, atol=0)
+    assert workspace.shape == (3, 30)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_cell_backward_kernels(bias):
+    """_thnn_fused_lstm_cell_backward_impl / _thnn_fused_gru_cell_backward (what autograd calls
+    without create_graph) against autograd through the same cell written with CPU ops."""
+    torch.manual_seed(0)
+    ig, hg, cx = torch.randn(3, 24), torch.randn(3, 24), torch.randn(3, 6)
+    biases = [torch.randn(24), torch.randn(24)] if bias else [None, None]
+
+    def lstm_reference(ig, hg, cx, b_ih, b_hh):
+        gates = ig + hg if b_ih is None else (hg + b_hh) + (ig + b_ih)
+        i, f, g, o = gates.chunk(4, 1)
+        cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+        return o.sigmoid() * cy.tanh(), cy
+
+    gru_ig, gru_hg, hx = torch.randn(3, 18), torch.randn(3, 18), torch.randn(3, 6)
+    gru_biases = [torch.randn(18), torch.randn(18)] if bias else [None, None]
+
+    def gru_reference(ig, hg, hx, b_ih, b_hh):
+        if b_ih is not None:
+            ig, hg = ig + b_ih, hg + b_hh
+        r = (hg[:, :6] + ig[:, :6]).sigmoid()
+        z = (hg[:, 6:12] + ig[:, 6:12]).sigmoid()
+        n = (ig[:, 12:] + hg[:, 12:] * r).tanh()
+        return ((hx - n) * z + n,)
+
+    cases = [(torch.ops.aten._thnn_fused_lstm_cell, lstm_reference, [ig, hg, cx, *biases], 2),
+             (torch.ops.aten._thnn_fused_gru_cell, gru_reference, [gru_ig, gru_hg, hx, *gru_biases], 1)]
+    for op, reference, inputs, n_out in cases:
+        leaves = [None if t is None else t.clone().requires_grad_(True) for t in inputs]
+        expected = torch.autograd.grad(reference(*leaves), [t for t in leaves if t is not None],
+                                       [torch.full((3, 6), 0.5 + k) for k in range(n_out)])
+        on_neuron = [None if t is None else t.to(N).requires_grad_(True) for t in inputs]
+        outs = op(*on_neuron)[:n_out]
+        got = torch.autograd.grad(outs, [t for t in on_neuron if t is not None],
+                                  [torch.full((3, 6), 0.5 + k, device=N) for k in range(n_out)])
+        for g, e in zip(got, expected):
+            assert g.device.type == N
+            torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
