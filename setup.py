@@ -13,6 +13,18 @@ os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 from setuptools import setup  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildCore(BuildExtension.with_options(use_ninja=True)):
+    """One object folder for editable installs and wheels, kept between builds: ninja then
+    recompiles only the files that changed (pip's editable builds use a new one each time)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(HERE, "build", "core")
+
+
 setup(
     ext_modules=[
         CppExtension(
@@ -21,5 +33,5 @@ setup(
             extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-parameter"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildCore},
 )
