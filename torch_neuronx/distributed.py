@@ -17,7 +17,9 @@ calls. That costs a few small exchanges per collective (~2-3 ms on a 2-core VM);
 """
 from __future__ import annotations
 
+import atexit
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,9 @@ import torch.distributed as dist
 BACKEND_NAME = "neuron"
 CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
 _bound = False
+_exit_pause_registered = False
+# Long enough for a worker thread to finish releasing one Work; nothing waits on it but exit.
+EXIT_PAUSE_S = 0.05
 
 
 def collective_checks_enabled() -> bool:
@@ -71,8 +76,22 @@ def _set_visible_core(local_rank: int) -> None:
     _registration.apply_topology()
 
 
+def _let_gloo_workers_release_finished_work() -> None:
+    """Gloo's worker thread drops a finished Work just after the caller was told it completed,
+    and with it the user's CPU tensors, whose release takes the GIL. If that happens once the
+    interpreter is finalizing, the thread is ended inside a destructor and the process aborts
+    ("terminate called without an active exception"); torch's plain Gloo does this too. A group
+    still referenced at exit (a subgroup in a variable) keeps its workers alive until then, so
+    release the GIL for a moment while the interpreter is still whole."""
+    time.sleep(EXIT_PAUSE_S)
+
+
 def _create_backend(store, rank: int, world_size: int, timeout):
+    global _exit_pause_registered
     _bind_local_core()
+    if not _exit_pause_registered:
+        atexit.register(_let_gloo_workers_release_finished_work)
+        _exit_pause_registered = True
     gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
     # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every backend itself.
     if not collective_checks_enabled() or dist.get_debug_level() == dist.DebugLevel.DETAIL:
