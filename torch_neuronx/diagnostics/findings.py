@@ -1,8 +1,8 @@
 """What would go wrong or be slow on a real Trainium, found in one call of an op on neuron.
 
 Each finding names the op, how often it happened and the user's source line: the first frame
-outside torch and torch_neuronx (a call from autograd's backward thread has none: it names the
-backward node instead).
+outside torch and torch_neuronx; a call made by backward also names the autograd node that
+made it.
 """
 from __future__ import annotations
 
@@ -62,17 +62,20 @@ def user_site() -> tuple[str, bool]:
     """(the user's file:line, whether the call came from printing a tensor)."""
     frame = sys._getframe(1)
     printing = False
+    site = "<unknown>"
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.endswith("_tensor_str.py") or frame.f_code.co_name in ("__repr__", "__format__"):
             printing = printing or filename.startswith(_TORCH_DIR)
         if not is_internal(filename):
-            return f"{filename}:{frame.f_lineno}", printing
+            site = f"{filename}:{frame.f_lineno}"
+            break
         frame = frame.f_back
+    # Inside backward the user's frame is the .backward() call: name the node that ran the op too.
     node = torch._C._current_autograd_node()
     if node is not None:
-        return f"backward ({node.name()})", printing
-    return "<unknown>", printing
+        return f"backward ({node.name()})" + ("" if site == "<unknown>" else f" from {site}"), printing
+    return site, printing
 
 
 class Detector:
