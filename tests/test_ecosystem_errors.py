@@ -166,17 +166,21 @@ def test_diffusers_group_offloading_to_disk_on_neuron(tmp_path):
 
 
 # ---- diffusers' test gate for neuron -------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "diffusers' is_torch_neuronx_available() asks importlib.metadata for a distribution named "
-    "torch_neuronx; ours is torch-neuronx-cpu, so it is False and diffusers' @require_torch_neuron tests "
-    "(the neuron tensor-parallel tests of Flux, Flux2, QwenImage) skip here while they run on Trainium. "
-    "Fix: distribution metadata under the name torch-neuronx (pyproject), then drop this marker"))
 def test_diffusers_sees_torch_neuronx():
+    # diffusers asks importlib.metadata for AWS's distribution name; ours answers it (distribution_alias),
+    # so its @require_torch_neuron tests run here as on Trainium.
     pytest.importorskip("diffusers")
     import importlib.metadata
 
     from diffusers.utils import import_utils
 
     assert torch.neuron.is_available()
-    importlib.metadata.version("torch_neuronx")  # what diffusers' _is_package_available asks
+    import torch_neuronx
+
+    # what diffusers' _is_package_available asks, under both spellings of AWS's name
+    assert importlib.metadata.version("torch_neuronx") == importlib.metadata.version("torch-neuronx") == \
+        torch_neuronx.__version__
     assert import_utils.is_torch_neuronx_available()
+    # A listing of everything installed still has us once (pip list, diffusers' own package map).
+    names = [d.metadata["Name"] for d in importlib.metadata.distributions()]
+    assert names.count("torch-neuronx-cpu") == 1 and "torch-neuronx" not in names

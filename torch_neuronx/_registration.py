@@ -75,7 +75,7 @@ def register(on_conflict: str = "raise") -> bool:
         _warn_once(message)
         return False
 
-    from torch_neuronx import _library, dlpack, recurrent, threads
+    from torch_neuronx import _library, distribution_alias, dlpack, recurrent, threads
 
     _library.load()
     apply_topology()
@@ -85,6 +85,7 @@ def register(on_conflict: str = "raise") -> bool:
     recurrent.register()
     dlpack.install()
     threads.install()
+    distribution_alias.install()
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
 
