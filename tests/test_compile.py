@@ -10,13 +10,7 @@ import torch._dynamo
 from torch_neuronx import neuron_dynamo_backend as backend
 
 
-@pytest.fixture(autouse=True)
-def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
-    torch._dynamo.reset()
-    backend.reset_dynamo_metrics()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 class Block(torch.nn.Module):

@@ -10,13 +10,7 @@ from torch_neuronx import neuron_dynamo_backend as backend
 from torch_neuronx.compile import host_code
 
 
-@pytest.fixture(autouse=True)
-def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
-    torch._dynamo.reset()
-    backend.reset_dynamo_metrics()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def compiled_on(device, fn):

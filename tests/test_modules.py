@@ -17,7 +17,6 @@ as the OpInfo sweep (tests/test_opinfo.py) is, for speed.
 
 Generated tests: ``TestModulePRIVATEUSE1::test_forward_backward_<module>_<train|eval>_mode_neuron_float32``.
 """
-import contextlib
 import copy
 import unittest
 
@@ -27,7 +26,8 @@ from torch.testing._internal.common_modules import module_db, modules
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.testing._internal.opinfo.core import DecorateInfo
 
-SEED = 1234
+import sweeps
+
 N = "neuron"
 
 # Key: module name as module_db spells it. Value: why its sweep fails. Applied as expectedFailure.
@@ -49,27 +49,6 @@ _RANDOM_SAMPLES_AS_INPUT_DTYPE = {"nn.FractionalMaxPool2d", "nn.FractionalMaxPoo
 _names = {m.name for m in module_db}
 _stale = sorted(k for k in (*EXPECTED_FAILURES, *TOLERANCES, *_RANDOM_SAMPLES_AS_INPUT_DTYPE) if k not in _names)
 assert not _stale, f"EXPECTED_FAILURES/TOLERANCES name modules that are not in module_db: {_stale}"
-
-_generators = []
-
-
-def _seed():
-    """Seed CPU and every neuron generator directly (see tests/test_opinfo.py: torch.manual_seed
-    is slow under the test harness). Generators are looked up on first use, not at import."""
-    if not _generators:
-        _generators.extend([torch.default_generator, *torch.neuron.default_generators])
-    for g in _generators:
-        g.manual_seed(SEED)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _with_our_decorators(info):
@@ -138,11 +117,11 @@ class TestModule(TestCase):
 
     @modules(MODULES, allowed_dtypes=(torch.float32,))
     def test_forward_backward(self, device, dtype, module_info, training):
-        with _one_thread():
+        with sweeps.one_thread():
             self._run(module_info, training)
 
     def _run(self, info, training):
-        _seed()
+        sweeps.seed()
         inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=True,
                                          training=training)
         compared = 0
@@ -154,7 +133,7 @@ class TestModule(TestCase):
             ctor_kwargs = dict(ctor.kwargs)
             if info.name in _RANDOM_SAMPLES_AS_INPUT_DTYPE:
                 ctor_kwargs["_random_samples"] = ctor_kwargs["_random_samples"].float()
-            _seed()
+            sweeps.seed()
             cpu_module = info.module_cls(*ctor.args, **ctor_kwargs)
             neuron_module = copy.deepcopy(cpu_module).to(N)
             cpu_module.train(training)
@@ -162,15 +141,15 @@ class TestModule(TestCase):
             fwd = module_input.forward_input
             c_args, c_kwargs = _map(fwd.args, _fresh), _map(fwd.kwargs, _fresh)
             n_args, n_kwargs = _map(fwd.args, _to_neuron), _map(fwd.kwargs, _to_neuron)
-            _seed()
+            sweeps.seed()
             try:
                 c_out = cpu_module(*c_args, **c_kwargs)
             except Exception as e:  # the neuron call must fail the same way
                 with self.assertRaises(type(e), msg=f"{what}: raises {type(e).__name__} on CPU ({e})"):
-                    _seed()
+                    sweeps.seed()
                     neuron_module(*n_args, **n_kwargs)
                 continue
-            _seed()
+            sweeps.seed()
             n_out = neuron_module(*n_args, **n_kwargs)
             c_outs, n_outs = _leaves(c_out), _leaves(n_out)
             self._compare(info.name, f"{what} output", n_outs, c_outs)
@@ -186,12 +165,12 @@ class TestModule(TestCase):
             n_wrt += [t for t in _leaves((n_args, n_kwargs)) if t.requires_grad]
             if not c_diff or not c_wrt:
                 continue
-            gen = torch.Generator().manual_seed(SEED + k)
+            gen = torch.Generator().manual_seed(sweeps.SEED + k)
             c_w = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in c_diff]
             n_w = [w.to(N) for w in c_w]
-            _seed()
+            sweeps.seed()
             c_grads = torch.autograd.grad(c_diff, c_wrt, c_w, allow_unused=True)
-            _seed()
+            sweeps.seed()
             n_grads = torch.autograd.grad(n_diff, n_wrt, n_w, allow_unused=True)
             self._compare(info.name, f"{what} grad", list(n_grads), list(c_grads))
         if not compared:

@@ -21,7 +21,6 @@ that compares nothing (no sample ran, or every sample raised on CPU) fails.
 
 Generated tests: ``TestOpInfoPRIVATEUSE1::test_{forward,backward}_<op>_neuron_float32``.
 """
-import contextlib
 import copy
 import os
 import unittest
@@ -31,6 +30,8 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.testing._internal.opinfo.core import DecorateInfo
+
+import sweeps
 
 # Every sample of every op by default (~18,800 forward samples; max_pool2d alone has 1,440):
 # ~2.5 min on this 2-core machine. To cut it, NEURON_OPINFO_MAX_SAMPLES=N runs only the first N
@@ -80,36 +81,7 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("linalg.lstsq.grad_oriented", "backward"): (1e-5, 1e-5),
 }
 
-SEED = 1234
 N = "neuron"
-
-
-_generators = []
-
-
-def _seed():
-    """Same seed for CPU and every neuron generator. (torch.manual_seed does both, but records a
-    Python stack per lazy CUDA/XPU/MTIA seeding call: ~4 ms a call, a third of the run time.)
-    The generators are looked up on first use: touching them at import would initialize neuron
-    during collection, under the feet of tests that check lazy initialization."""
-    if not _generators:
-        _generators.extend([torch.default_generator, *torch.neuron.default_generators])
-    for g in _generators:
-        g.manual_seed(SEED)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Run the sweep single-threaded. The samples are tiny (far below ATen's parallel grain), so
-    threads only add OpenMP synchronisation, and on this 2-core machine shared with compile jobs
-    that costs dearly: max_pool2d's 1,440 samples take 0.02 s with 1 thread, 7-11 s with 2, on
-    plain CPU too. Both sides run with the same setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _with_our_decorators(op):
@@ -230,7 +202,7 @@ def _aliasing(outputs, inputs):
 
 
 def _run(op, sample, inp, args, kwargs):
-    _seed()
+    sweeps.seed()
     return sample.output_process_fn_grad(op(inp, *args, **kwargs))
 
 
@@ -238,7 +210,7 @@ def _samples(op, device, requires_grad):
     # What op.sample_inputs(device, dtype, requires_grad) yields, minus its TrackedInputIter
     # wrapper: that one calls torch.manual_seed before each sample and inspect.stack() per
     # iterator (slow, see _seed). We seed once; samples are then reproducible all the same.
-    _seed()
+    sweeps.seed()
     samples = op.sample_inputs_func(op, device, torch.float32, requires_grad)
     for i, sample in enumerate(samples):
         if MAX_SAMPLES and i >= MAX_SAMPLES:
@@ -292,12 +264,12 @@ class TestOpInfo(TestCase):
 
     @ops(FORWARD_OPS, allowed_dtypes=(torch.float32,))
     def test_forward(self, device, dtype, op):
-        with _one_thread():
+        with sweeps.one_thread():
             self._forward(device, op)
 
     @ops(BACKWARD_OPS, allowed_dtypes=(torch.float32,))
     def test_backward(self, device, dtype, op):
-        with _one_thread():
+        with sweeps.one_thread():
             self._backward(device, op)
 
     def _forward(self, device, op):
@@ -344,12 +316,12 @@ class TestOpInfo(TestCase):
                 self.fail(f"{what}: {len(n_out)} outputs require grad, on CPU {len(c_out)}")
             if not c_out:
                 continue
-            gen = torch.Generator().manual_seed(SEED + i)
+            gen = torch.Generator().manual_seed(sweeps.SEED + i)
             c_w = [torch.randn(t.shape, dtype=t.dtype, generator=gen) for t in c_out]
             n_w = [w.to(t.device) for w, t in zip(c_w, n_out)]
-            _seed()
+            sweeps.seed()
             c_grads = torch.autograd.grad(c_out, c_in, c_w, allow_unused=True)
-            _seed()
+            sweeps.seed()
             n_grads = torch.autograd.grad(n_out, n_in, n_w, allow_unused=True)
             none_n = [g is None for g in n_grads]
             if none_n != [g is None for g in c_grads]:
