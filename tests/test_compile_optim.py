@@ -139,8 +139,8 @@ def test_buffers_attributes_and_closures_installed_as_graph_attributes_equal_ind
     lifted = []
     lift = host_code.lift_tensor_attributes
 
-    def recording_lift(gm, fake_mode):
-        tensors = lift(gm, fake_mode)
+    def recording_lift(*args):
+        tensors = lift(*args)
         lifted.extend(tensors)
         return tensors
 
@@ -195,3 +195,24 @@ def test_inputs_sharing_a_storage_equal_eager_even_after_a_compile_for_separate_
     base_neuron = torch.arange(6.0).to("neuron")
     out = compiled_on("neuron", f)(base_neuron, base_neuron[2:])
     assert_equal_tensors([out, base_neuron], [expected, base])
+
+
+def test_lifting_never_takes_a_tensor_off_the_users_own_submodule():
+    # A graph that calls a submodule and also reads its weight: the host copy shares that
+    # submodule with the user's module, so lifting its weight would delete the user's parameter.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sub = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.sub(x) + self.sub.weight.sum()
+
+    traced = torch.fx.symbolic_trace(Model())
+    assert {n.op for n in traced.graph.nodes} >= {"call_module", "get_attr"}
+    copy = backend._copy_graph_module(traced)
+    with pytest.raises(NotImplementedError, match="sub.weight"):
+        host_code.lift_tensor_attributes(copy, FakeTensorMode(), traced)
+    assert isinstance(traced.sub.weight, torch.nn.Parameter)

@@ -142,7 +142,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         if observed:
             observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
         host_graph = _copy_graph_module(gm)  # Dynamo still reads gm's inputs after we return
-        lifted = host_code.lift_tensor_attributes(host_graph, fake_mode)
+        lifted = host_code.lift_tensor_attributes(host_graph, fake_mode, gm)
         host_code.rewrite_to_cpu(host_graph, fake_mode)
         lifted_fakes = [n.meta["example_value"] for n in host_graph.graph.find_nodes(op="placeholder")][:len(lifted)]
         cpu_inputs = host_code.cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode)

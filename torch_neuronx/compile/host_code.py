@@ -68,7 +68,7 @@ def _attribute_owner(gm: torch.nn.Module, target: str) -> tuple[torch.nn.Module,
     return owner, name
 
 
-def lift_tensor_attributes(gm: torch.fx.GraphModule, fake_mode) -> list[torch.Tensor]:
+def lift_tensor_attributes(gm: torch.fx.GraphModule, fake_mode, original: torch.nn.Module) -> list[torch.Tensor]:
     """Turn the graph's tensor attributes into its leading inputs; returns those tensors in order.
 
     Dynamo installs what it treats as static state as attributes of the graph module: an
@@ -78,7 +78,10 @@ def lift_tensor_attributes(gm: torch.fx.GraphModule, fake_mode) -> list[torch.Te
     on every call, so in-place updates (optimizer state, running statistics) land in the neuron
     tensors, their version counters move, and a later ``.data`` swap is seen. The values are
     then no part of the compiled code, so the cache key (graph and input metadata) stays right.
+    ``gm`` is a copy of ``original``; an attribute is taken off the copy only, never off a module
+    the two share (a called submodule), which belongs to the user.
     """
+    shared = {id(m) for m in original.modules()}
     nodes = [n for n in gm.graph.nodes if n.op == "get_attr"
              and isinstance(getattr(*_attribute_owner(gm, n.target)), torch.Tensor)]
     if not nodes:
@@ -91,6 +94,10 @@ def lift_tensor_attributes(gm: torch.fx.GraphModule, fake_mode) -> list[torch.Te
     for node in nodes:
         if node.target not in placeholders:
             owner, name = _attribute_owner(gm, node.target)
+            if owner is not gm and id(owner) in shared:
+                raise NotImplementedError(
+                    f"the graph reads tensor {node.target!r} from inside a submodule it also calls; neuron "
+                    "cannot lift it to an input without changing your module")
             value = getattr(owner, name)
             with gm.graph.inserting_before(first_node):
                 placeholder = gm.graph.placeholder(f"lifted_{node.target.replace('.', '_')}")
