@@ -83,7 +83,7 @@ class Detector:
 
     def __init__(self) -> None:
         self.findings: dict[tuple[str, str, str], Finding] = {}
-        self.lock = threading.Lock()  # calls come from the main thread and autograd's device thread
+        self.lock = threading.Lock()  # calls may come from several threads (the user's, autograd's, Gloo's)
 
     def add(self, kind: str, op: str, site: str, detail: str) -> None:
         key = (kind, op, site)
