@@ -204,19 +204,12 @@ def _layer_stack(cell, input, batch_sizes, hiddens, params, num_layers, dropout,
         h = hiddens[layer * directions:(layer + 1) * directions]
         p = params[layer * directions:(layer + 1) * directions]
         if batch_sizes is None:
-            output, final = _full_layer(cell, input, h[0], p[0])
-            outs, fin = [output], [final]
-            if bidirectional:
-                output, final = _full_layer(cell, input, h[1], p[1], reverse=True)
-                outs.append(output)
-                fin.append(final)
+            runs = (lambda hx, w: _full_layer(cell, input, hx, w),
+                    lambda hx, w: _full_layer(cell, input, hx, w, reverse=True))
         else:
-            output, final = _packed_layer(cell, input, batch_sizes, h[0], p[0])
-            outs, fin = [output], [final]
-            if bidirectional:
-                output, final = _reversed_packed_layer(cell, input, batch_sizes, h[1], p[1])
-                outs.append(output)
-                fin.append(final)
+            runs = (lambda hx, w: _packed_layer(cell, input, batch_sizes, hx, w),
+                    lambda hx, w: _reversed_packed_layer(cell, input, batch_sizes, hx, w))
+        outs, fin = zip(*(run(hx, w) for run, hx, w in zip(runs[:directions], h, p)))
         input = torch.cat(outs, outs[0].dim() - 1) if bidirectional else outs[0]
         finals.extend(fin)
         if dropout != 0 and train and layer < num_layers - 1:
@@ -224,47 +217,39 @@ def _layer_stack(cell, input, batch_sizes, hiddens, params, num_layers, dropout,
     return input, finals
 
 
-def _one_hidden_rnn(cell):
+def _layer_kernels(cell, split_hidden, join_finals, has_projections=lambda hx: False):
+    """aten's padded (``.input``) and packed (``.data``) kernels of one recurrent layer kind.
+    ``split_hidden`` turns ``hx`` into one hidden state per layer and direction, ``join_finals``
+    turns the final ones back into the op's hidden results."""
     def padded(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
         if batch_first:
             input = input.transpose(0, 1)
-        output, finals = _layer_stack(cell, input, None, hx.unbind(0), _gather_params(params, has_biases),
-                                      num_layers, dropout, train, bidirectional)
+        output, finals = _layer_stack(cell, input, None, split_hidden(hx),
+                                      _gather_params(params, has_biases, has_projections(hx)), num_layers,
+                                      dropout, train, bidirectional)
         if batch_first:
             output = output.transpose(0, 1)
-        return output, torch.stack(finals, 0)
+        return (output, *join_finals(finals))
 
     def packed(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
-        output, finals = _layer_stack(cell, data, batch_sizes.tolist(), hx.unbind(0),
-                                      _gather_params(params, has_biases), num_layers, dropout, train,
-                                      bidirectional)
-        return output, torch.stack(finals, 0)
+        output, finals = _layer_stack(cell, data, batch_sizes.tolist(), split_hidden(hx),
+                                      _gather_params(params, has_biases, has_projections(hx)), num_layers,
+                                      dropout, train, bidirectional)
+        return (output, *join_finals(finals))
 
     return padded, packed
 
 
-def _lstm_hiddens(hx):
-    return list(zip(hx[0].unbind(0), hx[1].unbind(0)))
+def _one_hidden_kernels(cell):
+    return _layer_kernels(cell, lambda hx: hx.unbind(0), lambda finals: (torch.stack(finals, 0),))
 
 
-def _lstm_padded(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    if batch_first:
-        input = input.transpose(0, 1)
-    has_projections = hx[0].size(2) != hx[1].size(2)
-    output, finals = _layer_stack(_lstm_step, input, None, _lstm_hiddens(hx),
-                                  _gather_params(params, has_biases, has_projections), num_layers, dropout,
-                                  train, bidirectional)
-    if batch_first:
-        output = output.transpose(0, 1)
-    return output, torch.stack([h for h, _ in finals], 0), torch.stack([c for _, c in finals], 0)
-
-
-def _lstm_packed(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
-    has_projections = hx[0].size(2) != hx[1].size(2)
-    output, finals = _layer_stack(_lstm_step, data, batch_sizes.tolist(), _lstm_hiddens(hx),
-                                  _gather_params(params, has_biases, has_projections), num_layers, dropout,
-                                  train, bidirectional)
-    return output, torch.stack([h for h, _ in finals], 0), torch.stack([c for _, c in finals], 0)
+def _lstm_kernels():
+    return _layer_kernels(
+        _lstm_step,
+        lambda hx: list(zip(hx[0].unbind(0), hx[1].unbind(0))),
+        lambda finals: (torch.stack([h for h, _ in finals], 0), torch.stack([c for _, c in finals], 0)),
+        has_projections=lambda hx: hx[0].size(2) != hx[1].size(2))
 
 
 def register() -> None:
@@ -277,16 +262,12 @@ def register() -> None:
     library.impl("_thnn_fused_lstm_cell_backward_impl", _lstm_cell_backward, "PrivateUse1")
     library.impl("_thnn_fused_gru_cell", _gru_cell, "PrivateUse1")
     library.impl("_thnn_fused_gru_cell_backward", _gru_cell_backward, "PrivateUse1")
-    layers = {
-        "lstm.input": _lstm_padded,
-        "lstm.data": _lstm_packed,
-        "gru.input": _one_hidden_rnn(_gru_step)[0],
-        "gru.data": _one_hidden_rnn(_gru_step)[1],
-        "rnn_tanh.input": _one_hidden_rnn(_simple_cell(torch.tanh))[0],
-        "rnn_tanh.data": _one_hidden_rnn(_simple_cell(torch.tanh))[1],
-        "rnn_relu.input": _one_hidden_rnn(_simple_cell(torch.relu))[0],
-        "rnn_relu.data": _one_hidden_rnn(_simple_cell(torch.relu))[1],
-    }
+    layers = {}
+    for op, (padded, packed) in (("lstm", _lstm_kernels()),
+                                 ("gru", _one_hidden_kernels(_gru_step)),
+                                 ("rnn_tanh", _one_hidden_kernels(_simple_cell(torch.tanh))),
+                                 ("rnn_relu", _one_hidden_kernels(_simple_cell(torch.relu)))):
+        layers[f"{op}.input"], layers[f"{op}.data"] = padded, packed
     for name, kernel in layers.items():
         # The Autograd key, so that autograd records the ops of the kernel; PrivateUse1 too, for
         # calls without autograd (inference mode).
