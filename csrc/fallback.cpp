@@ -142,6 +142,18 @@ int64_t route_to_fallback(const char* ns, Wanted wanted) {
   return routed;
 }
 
+// Empties this thread's Python objects of at::ThreadLocalState for a scope, then puts them back.
+class WithoutThreadLocalPythonObjects {
+ public:
+  WithoutThreadLocalPythonObjects() : saved_(at::impl::ThreadLocalPythonObjects::get_state()) {
+    at::impl::ThreadLocalPythonObjects::set_state({});
+  }
+  ~WithoutThreadLocalPythonObjects() { at::impl::ThreadLocalPythonObjects::set_state(std::move(saved_)); }
+
+ private:
+  at::impl::ThreadLocalPythonObjects saved_;
+};
+
 // A group made by init_process_group() without a backend maps only the
 // accelerator (neuron) to a backend. The fallback runs collectives through the
 // CPU kernels, which ask for the CPU backend: give CPU the group's neuron
@@ -164,15 +176,8 @@ void c10d_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // (backward stashes a contextvars copy there). Gloo's worker thread drops the Work last,
   // possibly once the interpreter is shutting down, where taking the GIL to release them
   // ends the thread and aborts the process. A collective needs none of them.
-  const at::impl::ThreadLocalPythonObjects python_objects = at::impl::ThreadLocalPythonObjects::get_state();
-  at::impl::ThreadLocalPythonObjects::set_state({});
-  try {
-    neuron_fallback(op, stack);
-  } catch (...) {
-    at::impl::ThreadLocalPythonObjects::set_state(python_objects);
-    throw;
-  }
-  at::impl::ThreadLocalPythonObjects::set_state(python_objects);
+  WithoutThreadLocalPythonObjects hidden;
+  neuron_fallback(op, stack);
 }
 
 struct SilentWarnings final : c10::WarningHandler {
