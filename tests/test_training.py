@@ -59,8 +59,8 @@ def test_module_methods_and_grad_mode():
 
 
 def test_backward_on_neuron_uses_the_current_intraop_thread_count():
-    # Neuron backward runs on autograd's neuron device thread; CPU backward on the caller's.
-    # After torch.set_num_threads, both must run with the new count (else results and speed differ).
+    # Any thread that runs neuron ops (the caller's, or autograd's neuron device thread when a
+    # backward is started from C++) must follow torch.set_num_threads (else results and speed differ).
     seen = []
 
     class Probe(torch.autograd.Function):
