@@ -1,5 +1,5 @@
-"""Fixtures shared by several test files (helpers that are not fixtures live in their own modules:
-isolated.py, oracle.py, sweeps.py)."""
+"""Fixtures shared by several test files (helpers that are not fixtures live in the package
+tests/helpers/: isolated, oracle, sweeps)."""
 import pytest
 import torch
 import torch._dynamo

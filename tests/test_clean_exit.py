@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from isolated import environment
+from helpers.isolated import environment
 
 PROGRAMS = {
     "backward": """

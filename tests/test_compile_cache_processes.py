@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 
-from isolated import run
+from helpers.isolated import run
 
 # Compiles a small model on neuron and reports what the cache and Inductor did.
 SCRIPT = """

@@ -2,7 +2,7 @@
 two ranks of a Gloo process group, each on its own neuron device."""
 import textwrap
 
-from isolated import run
+from helpers.isolated import run
 
 SCRIPT = """
     import os, sys, torch, torch.distributed as dist

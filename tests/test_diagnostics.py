@@ -20,7 +20,7 @@ from torch_neuronx import diagnostics
 from torch_neuronx.diagnostics import cost_model
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 
-import isolated
+from helpers import isolated
 
 N = "neuron"
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from isolated import environment, run
+from helpers.isolated import environment, run
 
 HERE = os.path.dirname(__file__)
 

@@ -1,6 +1,6 @@
 """FSDP2 on neuron in one process: its streams, events and collectives run on the emulated
 device, and training matches plain CPU training."""
-from isolated import run
+from helpers.isolated import run
 
 
 def test_fsdp2_single_process_trains_like_cpu():

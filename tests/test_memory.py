@@ -4,7 +4,7 @@ import gc
 import pytest
 import torch
 
-from isolated import run
+from helpers.isolated import run
 
 DEVICE = 3  # the last device of the default trn2.3xlarge: other tests leave nothing on it
 MiB = 1 << 20

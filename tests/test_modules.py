@@ -26,7 +26,7 @@ from torch.testing._internal.common_modules import module_db, modules
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.testing._internal.opinfo.core import DecorateInfo
 
-import sweeps
+from helpers import sweeps
 
 N = "neuron"
 

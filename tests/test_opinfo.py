@@ -31,7 +31,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.testing._internal.opinfo.core import DecorateInfo
 
-import sweeps
+from helpers import sweeps
 
 # Every sample of every op by default (~18,800 forward samples; max_pool2d alone has 1,440):
 # ~2.5 min on this 2-core machine. To cut it, NEURON_OPINFO_MAX_SAMPLES=N runs only the first N

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oracle import assert_same, to_device
+from helpers.oracle import assert_same, to_device
 
 N = "neuron"
 

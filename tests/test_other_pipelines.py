@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from isolated import run
+from helpers.isolated import run
 
 SIZE = 32  # pixels; the tiny VAEs below halve it once, so latents are 16x16
 STEPS = 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from oracle import assert_same
+from helpers.oracle import assert_same
 
 N = "neuron"
 # Non-square, all different: a wrong or swapped shape is visible.

@@ -1,7 +1,7 @@
 """Autoload: `import torch` registers neuron; TORCH_DEVICE_BACKEND_AUTOLOAD=0 leaves it to
 `import torch_neuronx`; a PrivateUse1 already taken is left alone with one warning."""
 
-from isolated import run
+from helpers.isolated import run
 
 
 def test_import_torch_registers_neuron():

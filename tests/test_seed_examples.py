@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from isolated import environment, run
+from helpers.isolated import environment, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = ["--height", "128", "--width", "128"]

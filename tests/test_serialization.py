@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from oracle import assert_same
+from helpers.oracle import assert_same
 
 N = "neuron"
 

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from isolated import run
+from helpers.isolated import run
 
 
 def test_current_default_and_new_streams():

@@ -5,7 +5,7 @@ The environment is read when neuron registers, so each case runs in a fresh inte
 """
 import json
 
-from isolated import run
+from helpers.isolated import run
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -120,7 +120,7 @@ WALK = """
 
 
 def walk(cases, uses):
-    from isolated import TOPOLOGY_VARIABLES
+    from helpers.isolated import TOPOLOGY_VARIABLES
     code = WALK.format(variables=TOPOLOGY_VARIABLES, uses=uses)
     r = run(code, argv=[json.dumps([env for env, _ in cases])])
     assert r.returncode == 0, r.stderr

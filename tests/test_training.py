@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from oracle import assert_same
+from helpers.oracle import assert_same
 
 N = "neuron"
 

@@ -9,7 +9,7 @@ _generators = []
 
 def seed(value: int = SEED) -> None:
     """Same seed for CPU and every neuron generator. (torch.manual_seed does both, but records a
-    Python stack per lazy CUDA/XPU/MTIA seeding call: ~4 ms a call, a third of a sweep's time.)
+    Python stack for each lazy CUDA/XPU/MTIA seeding call, a cost a sweep would pay on every sample.)
     The generators are looked up on first use: touching them at import would initialize neuron
     during collection, under the feet of tests that check lazy initialization."""
     if not _generators:
