@@ -22,9 +22,7 @@ import os as _os  # noqa: E402
 import torch  # noqa: E402,F401
 
 from torch_neuronx import _registration  # noqa: E402
-from torch_neuronx import compile as _compile  # noqa: E402,F401  (notes the user's Inductor cache dir)
-
-__version__ = "0.1.0"
+from torch_neuronx.version import __version__  # noqa: E402,F401
 
 # Under autoload (this import is torch's) a problem only warns, so `import torch`
 # never fails because of us; an explicit import with autoload off fails loudly.
@@ -36,7 +34,7 @@ else:
 is_registered = _registration.is_registered
 
 # Trainium readiness (torch_neuronx.diagnostics): TorchNeuron's op tracking, and the report. Imported
-# on first use (it costs ~45 ms, which every `import torch` would pay through autoload).
+# on first use, so that `import torch` (autoload) does not pay for it.
 _DIAGNOSTICS_NAMES = ("clear_op_tracking", "get_executed_ops", "get_fallback_ops", "report")
 
 

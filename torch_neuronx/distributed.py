@@ -12,8 +12,8 @@ Gloo aborts a process whose peer sends a tensor of another size, and ranks that 
 collectives can hang or exchange the wrong bytes. So each neuron group checks, before every
 collective, that all ranks run the same one on the same shapes and dtypes (torch's own
 ProcessGroupWrapper, the TORCH_DISTRIBUTED_DEBUG=DETAIL check) and raises naming both ranks'
-calls. That costs a few small exchanges per collective (~2-3 ms on a 2-core VM);
-``TORCH_NEURONX_COLLECTIVE_CHECKS=0`` turns it off.
+calls. That costs a few small exchanges per collective; ``TORCH_NEURONX_COLLECTIVE_CHECKS=0``
+turns it off.
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ import time
 import torch
 import torch.distributed as dist
 
-BACKEND_NAME = "neuron"
+from torch_neuronx import topology
+from torch_neuronx.runtime import BACKEND_NAME, apply_topology, env_flag, ops
+
 CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
 _bound = False
 _exit_pause_registered = False
@@ -34,11 +36,7 @@ EXIT_PAUSE_S = 0.05
 
 def collective_checks_enabled() -> bool:
     """Whether neuron groups check that all ranks call the same collective (default: yes)."""
-    value = os.environ.get(CHECKS_ENV, "1").strip().lower()
-    if value not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-        raise ValueError(f"{CHECKS_ENV}={value!r} is not a boolean: use 1 (check every collective, the default) "
-                         "or 0 (no checks, as plain Gloo)")
-    return value in ("1", "true", "yes", "on")
+    return env_flag(CHECKS_ENV, default=True)
 
 
 def _bind_local_core() -> None:
@@ -58,8 +56,6 @@ def _bind_local_core() -> None:
 
 
 def _set_visible_core(local_rank: int) -> None:
-    from torch_neuronx import _registration, topology
-
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
     topo = topology.current()
     if local_world > topo.logical_cores:
@@ -67,13 +63,13 @@ def _set_visible_core(local_rank: int) -> None:
             f"torchrun started {local_world} processes on this node, but {topo.describe()} has "
             f"{topo.logical_cores} logical NeuronCores (one per process). Use --nproc_per_node={topo.logical_cores} "
             f"or fewer, or a larger instance (TORCH_NEURONX_INSTANCE_TYPE=trn2.48xlarge).")
-    if torch.ops.neuron._is_initialized():
+    if ops._is_initialized():
         raise RuntimeError(
             "The neuron runtime was initialized before init_process_group(backend='neuron'): this process can "
             f"no longer be bound to NeuronCore {local_rank}. Create neuron tensors after init_process_group, "
             "or set NEURON_RT_VISIBLE_CORES yourself.")
     os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
-    _registration.apply_topology()
+    apply_topology()
 
 
 def _let_gloo_workers_release_finished_work() -> None:
@@ -98,7 +94,7 @@ def _create_backend(store, rank: int, world_size: int, timeout):
         return gloo
     from torch.distributed.distributed_c10d import _create_process_group_wrapper
 
-    return _create_process_group_wrapper(gloo, "neuron", store, rank, world_size, timeout)
+    return _create_process_group_wrapper(gloo, BACKEND_NAME, store, rank, world_size, timeout)
 
 
 def register() -> None:

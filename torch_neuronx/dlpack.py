@@ -16,14 +16,14 @@ from __future__ import annotations
 import torch
 from torch.overrides import has_torch_function_unary
 
-NEURON = "neuron"
+from torch_neuronx.runtime import BACKEND_NAME, ops
 
 _torch_dlpack = None
 _torch_dlpack_device = None
 
 
 def _is_plain_neuron(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == NEURON and not has_torch_function_unary(tensor)
+    return tensor.device.type == BACKEND_NAME and not has_torch_function_unary(tensor)
 
 
 def _dlpack(self, *args, **kwargs):
@@ -32,7 +32,7 @@ def _dlpack(self, *args, **kwargs):
     # torch's own checks first (requires_grad, conj bit, layout), with torch's messages.
     if self.requires_grad or self.is_conj() or self.layout != torch.strided:
         return _torch_dlpack(self, *args, **kwargs)
-    return _torch_dlpack(torch.ops.neuron._host_alias(self), *args, **kwargs)
+    return _torch_dlpack(ops._host_alias(self), *args, **kwargs)
 
 
 def _dlpack_device(self):

@@ -19,6 +19,8 @@ import torch
 import torch.autograd
 import torch.autograd.graph
 
+from torch_neuronx.runtime import ops
+
 _original_set_num_threads = torch.set_num_threads
 _original_engine_run_backward = torch.autograd.graph._engine_run_backward
 
@@ -26,12 +28,12 @@ _original_engine_run_backward = torch.autograd.graph._engine_run_backward
 @functools.wraps(_original_set_num_threads)
 def set_num_threads(count: int) -> None:
     _original_set_num_threads(count)
-    torch.ops.neuron._set_intraop_threads(torch.get_num_threads())
+    ops._set_intraop_threads(torch.get_num_threads())
 
 
 @functools.wraps(_original_engine_run_backward)
 def _engine_run_backward(*args, **kwargs):
-    if not torch.ops.neuron._is_initialized() or not torch._C._is_multithreading_enabled():
+    if not ops._is_initialized() or not torch._C._is_multithreading_enabled():
         return _original_engine_run_backward(*args, **kwargs)
     torch._C._set_multithreading_enabled(False)
     try:
@@ -42,7 +44,7 @@ def _engine_run_backward(*args, **kwargs):
 
 def install() -> None:
     torch.set_num_threads = set_num_threads
-    torch.ops.neuron._set_intraop_threads(torch.get_num_threads())
+    ops._set_intraop_threads(torch.get_num_threads())
     # torch.autograd imported the function by name: both references are its callers'.
     torch.autograd.graph._engine_run_backward = _engine_run_backward
     torch.autograd._engine_run_backward = _engine_run_backward

@@ -5,11 +5,15 @@ Execution is host-synchronous: every op has completed when it returns, so
 streams/events, device properties and RNG live in their own modules; the
 instance they describe is ``torch_neuronx.topology``.
 """
+import importlib
 import os
+import sys
 
 import torch
 
 from torch_neuronx import ecosystem_errors, topology
+from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import ops as _ops
 from torch_neuronx.neuron._device import (  # noqa: F401
     _get_device_index,
     current_device,
@@ -61,8 +65,11 @@ from torch_neuronx.neuron.streams import (  # noqa: F401
     stream,
 )
 
-_ops = torch.ops.neuron
 _in_bad_fork = False
+# Names torch.neuron answers on behalf of higher layers (TorchNeuron's aliases), as
+# name -> (module, attribute), imported on first use. Given by install(), so that this
+# package imports nothing above it.
+_aliases: dict[str, tuple[str, str]] = {}
 
 
 def is_available() -> bool:
@@ -101,13 +108,26 @@ def init() -> None:
     _lazy_init()
 
 
-def _install_fork_handler() -> None:
-    def after_fork_in_child():
-        global _in_bad_fork
-        if _ops._is_initialized():
-            _in_bad_fork = True
+def _after_fork_in_child() -> None:
+    global _in_bad_fork
+    if _ops._is_initialized():
+        _in_bad_fork = True
 
-    os.register_at_fork(after_in_child=after_fork_in_child)
+
+def install(aliases: dict[str, tuple[str, str]]) -> None:
+    """Make this package ``torch.neuron``, with Tensor/Module/Storage methods for the device;
+    ``aliases`` are names answered from higher layers (see ``_aliases``)."""
+    module = sys.modules[__name__]
+    torch._register_device_module(BACKEND_NAME, module)
+    # `import torch.neuron.memory` must find the same module objects, not load copies.
+    for name in ("memory", "random", "streams", "properties"):
+        sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(module, name)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
+    # Trainium computes in bfloat16: make it autocast's default dtype on neuron.
+    torch.set_autocast_dtype(BACKEND_NAME, torch.bfloat16)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    _aliases.update(aliases)
 
 
 def synchronize(device=None) -> None:
@@ -129,10 +149,9 @@ def __getattr__(name):
         from torch_neuronx.neuron import random
 
         return random.default_generators
-    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):  # imported on use: it loads torch._dynamo
-        from torch_neuronx import neuron_dynamo_backend
-
-        return getattr(neuron_dynamo_backend, name)
+    if name in _aliases:
+        module, attribute = _aliases[name]
+        return getattr(importlib.import_module(module), attribute)
     if name in ecosystem_errors.INDUCTOR_HOOK_NAMES:
         # Inductor's codegen hook for a PrivateUse1 device: neuron has none, as on Trainium. These
         # raise one clear error naming backend="neuron" at Inductor's first use of a neuron graph.

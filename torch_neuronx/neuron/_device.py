@@ -2,8 +2,9 @@
 import torch
 
 from torch_neuronx import topology
+from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import ops as _ops
 
-_ops = torch.ops.neuron
 
 
 def device_count() -> int:
@@ -29,7 +30,7 @@ def _get_device_index(device, optional: bool = False) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        if device.type != "neuron":
+        if device.type != BACKEND_NAME:
             raise ValueError(f"Expected a neuron device, but got: {device}")
         if device.index is None:
             if not optional:
@@ -73,4 +74,4 @@ class device_of(device):
     """Context manager that makes the device of tensor ``obj`` current (no-op for CPU tensors)."""
 
     def __init__(self, obj):
-        super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
+        super().__init__(obj.get_device() if obj.device.type == BACKEND_NAME else None)

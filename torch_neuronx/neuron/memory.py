@@ -10,11 +10,13 @@ release. Each device has the emulated capacity of its logical NeuronCore
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from torch_neuronx.neuron._device import _get_device_index
+from torch_neuronx.runtime import format_bytes
+from torch_neuronx.runtime import ops as _ops
 
 __all__ = [
     "empty_cache", "get_per_process_memory_fraction", "max_memory_allocated", "max_memory_reserved",
@@ -23,39 +25,46 @@ __all__ = [
     "reset_peak_memory_stats", "set_per_process_memory_fraction",
 ]
 
-_ops = torch.ops.neuron
 _POOLS = ("all", "small_pool", "large_pool")
 _FIELDS = ("current", "peak", "allocated", "freed")
 
 
-def _raw(device) -> tuple[dict[str, dict[str, dict[str, int]]], int, int, int]:
-    """({'bytes'|'blocks': {pool: {field: n}}}, num_ooms, capacity, limit) of one device."""
+class _DeviceMemory(NamedTuple):
+    """One device's counters, as the core keeps them."""
+    bytes: dict[str, dict[str, int]]  # pool -> field -> bytes
+    blocks: dict[str, dict[str, int]]  # pool -> field -> allocations
+    num_ooms: int
+    capacity: int  # the emulated device memory
+    limit: int  # what this process may use (set_per_process_memory_fraction)
+
+
+def _device_memory(device) -> _DeviceMemory:
     values = list(_ops._memory_stats(_get_device_index(device, optional=True)))
-    groups: dict[str, dict[str, dict[str, int]]] = {}
-    for group in ("bytes", "blocks"):
-        groups[group] = {}
+    groups = []
+    for _ in ("bytes", "blocks"):
+        pools = {}
         for pool in _POOLS:
-            groups[group][pool] = dict(zip(_FIELDS, values[:4]))
+            pools[pool] = dict(zip(_FIELDS, values[:4]))
             del values[:4]
-    num_ooms, capacity, limit = values
-    return groups, num_ooms, capacity, limit
+        groups.append(pools)
+    return _DeviceMemory(*groups, *values)
 
 
 def memory_stats_as_nested_dict(device=None) -> dict[str, Any]:
     """:func:`memory_stats` before flattening, as torch.cuda's."""
-    groups, num_ooms, _, _ = _raw(device)
+    stats = _device_memory(device)
     zero = {pool: dict.fromkeys(_FIELDS, 0) for pool in _POOLS}
     # No caching allocator: each block is its own segment, active while allocated, never split.
     return {
-        "allocated_bytes": groups["bytes"], "reserved_bytes": groups["bytes"],
-        "active_bytes": groups["bytes"], "requested_bytes": groups["bytes"],
+        "allocated_bytes": stats.bytes, "reserved_bytes": stats.bytes,
+        "active_bytes": stats.bytes, "requested_bytes": stats.bytes,
         "inactive_split_bytes": zero,
-        "allocation": groups["blocks"], "segment": groups["blocks"], "active": groups["blocks"],
+        "allocation": stats.blocks, "segment": stats.blocks, "active": stats.blocks,
         "inactive_split": zero,
         "oversize_allocations": dict.fromkeys(_FIELDS, 0), "oversize_segments": dict.fromkeys(_FIELDS, 0),
-        "num_alloc_retries": 0, "num_ooms": num_ooms, "num_sync_all_streams": 0,
-        "num_device_alloc": groups["blocks"]["all"]["allocated"],
-        "num_device_free": groups["blocks"]["all"]["freed"],
+        "num_alloc_retries": 0, "num_ooms": stats.num_ooms, "num_sync_all_streams": 0,
+        "num_device_alloc": stats.blocks["all"]["allocated"],
+        "num_device_free": stats.blocks["all"]["freed"],
         "max_split_size": -1,
     }
 
@@ -78,12 +87,12 @@ def memory_stats(device=None) -> dict[str, Any]:
 
 def memory_allocated(device=None) -> int:
     """Bytes currently owned by neuron tensors on ``device``."""
-    return _raw(device)[0]["bytes"]["all"]["current"]
+    return _device_memory(device).bytes["all"]["current"]
 
 
 def max_memory_allocated(device=None) -> int:
     """Peak of :func:`memory_allocated` since start or :func:`reset_peak_memory_stats`."""
-    return _raw(device)[0]["bytes"]["all"]["peak"]
+    return _device_memory(device).bytes["all"]["peak"]
 
 
 def memory_reserved(device=None) -> int:
@@ -112,8 +121,8 @@ def reset_accumulated_memory_stats(device=None) -> None:
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of the device's emulated memory."""
-    groups, _, capacity, _ = _raw(device)
-    return max(capacity - groups["bytes"]["all"]["current"], 0), capacity
+    stats = _device_memory(device)
+    return max(stats.capacity - stats.bytes["all"]["current"], 0), stats.capacity
 
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
@@ -122,25 +131,16 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction <= 1:
         raise ValueError(f"Invalid fraction value: {fraction!r}. Allowed range: 0~1")
     index = _get_device_index(device, optional=True)
-    capacity = _raw(index)[2]
-    _ops._set_memory_limit(index, int(fraction * capacity))
+    _ops._set_memory_limit(index, int(fraction * _device_memory(index).capacity))
 
 
 def get_per_process_memory_fraction(device=None) -> float:
-    _, _, capacity, limit = _raw(device)
-    return limit / capacity
+    stats = _device_memory(device)
+    return stats.limit / stats.capacity
 
 
 def empty_cache() -> None:
     """Release cached memory. Freed neuron memory goes straight back to the host, so there is none."""
-
-
-def _format_size(nbytes: int) -> str:
-    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:6d} {unit}" if unit == "B  " else f"{nbytes:6.0f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
 
 
 def _format_count(count: int) -> str:
@@ -155,11 +155,11 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A printable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
     index = _get_device_index(device, optional=True)
     stats = memory_stats_as_nested_dict(index)
-    _, _, capacity, limit = _raw(index)
-    rows = [("allocated_bytes", "Allocated memory", _format_size),
-            ("active_bytes", "Active memory", _format_size),
-            ("requested_bytes", "Requested memory", _format_size),
-            ("reserved_bytes", "Device reserved memory", _format_size),
+    device_memory = _device_memory(index)
+    rows = [("allocated_bytes", "Allocated memory", format_bytes),
+            ("active_bytes", "Active memory", format_bytes),
+            ("requested_bytes", "Requested memory", format_bytes),
+            ("reserved_bytes", "Device reserved memory", format_bytes),
             ("allocation", "Allocations", _format_count),
             ("active", "Active allocs", _format_count),
             ("segment", "Device reserved segments", _format_count)]
@@ -170,8 +170,8 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         return f"|{text:<{width}}|"
 
     lines = [thick, line(f" PyTorch neuron memory summary, device ID {index}"),
-             line(f" emulated capacity {capacity / (1 << 30):.2f} GiB, this process may use "
-                  f"{limit / (1 << 30):.2f} GiB"),
+             line(f" emulated capacity {format_bytes(device_memory.capacity)}, this process may use "
+                  f"{format_bytes(device_memory.limit)}"),
              line(f" num_ooms: {stats['num_ooms']}   (no caching: reserved equals allocated)"),
              thick,
              f"|{'        Metric         ':<25}|{' Cur Usage ':^12}|{' Peak Usage ':^12}|{' Tot Alloc ':^11}|"

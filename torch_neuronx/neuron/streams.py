@@ -13,10 +13,11 @@ import torch
 
 from torch_neuronx.neuron._device import _get_device_index, current_device
 from torch_neuronx.neuron._device import device as _device_scope
+from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import ops as _ops
 
 __all__ = ["Event", "Stream", "StreamContext", "current_stream", "default_stream", "set_stream", "stream"]
 
-_NEURON = "neuron"
 # Priorities mean nothing when nothing queues; the range follows CUDA's convention
 # (lower is higher priority) so code passing priority=-1 keeps working.
 _PRIORITY_RANGE = (0, -1)
@@ -31,7 +32,7 @@ class Stream(torch.Stream):
         index = _get_device_index(device, optional=True)
         low, high = _PRIORITY_RANGE
         priority = min(max(int(priority), high), low)
-        self = super().__new__(cls, device=torch.device(_NEURON, index), priority=priority)
+        self = super().__new__(cls, device=torch.device(BACKEND_NAME, index), priority=priority)
         self._priority = priority
         return self
 
@@ -75,7 +76,7 @@ class Event(torch.Event):
             raise RuntimeError(
                 "torch.neuron.Event(interprocess=True) is not supported: the emulated device's events "
                 "live in one host process. Share results between processes with torch.distributed.")
-        return super().__new__(cls, device=torch.device(_NEURON, current_device()),
+        return super().__new__(cls, device=torch.device(BACKEND_NAME, current_device()),
                                enable_timing=enable_timing, blocking=blocking)
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
@@ -91,9 +92,9 @@ class Event(torch.Event):
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds of host time from this event's record() to ``end_event``'s."""
-        if not isinstance(end_event, torch.Event) or end_event.device.type != _NEURON:
+        if not isinstance(end_event, torch.Event) or end_event.device.type != BACKEND_NAME:
             raise TypeError(f"elapsed_time expects a neuron event, got {end_event!r}")
-        return float(torch.ops.neuron._event_elapsed_ms(self.event_id, end_event.event_id))
+        return float(_ops._event_elapsed_ms(self.event_id, end_event.event_id))
 
     def __repr__(self) -> str:
         return f"<torch.neuron.Event device={self.device}>"
@@ -114,7 +115,7 @@ def set_stream(stream: Stream | None) -> None:
     """Make ``stream`` current on its device (and its device current), as ``torch.cuda.set_stream``."""
     if stream is None:
         return
-    if not isinstance(stream, torch.Stream) or stream.device.type != _NEURON:
+    if not isinstance(stream, torch.Stream) or stream.device.type != BACKEND_NAME:
         raise TypeError(f"torch.neuron.set_stream expects a neuron stream, got {stream!r}")
     torch._C._accelerator_setStream(stream)
 
@@ -130,7 +131,7 @@ class StreamContext:
     def __enter__(self):
         if self.stream is None:
             return self.stream
-        if self.stream.device.type != _NEURON:
+        if self.stream.device.type != BACKEND_NAME:
             raise TypeError(f"torch.neuron.stream expects a neuron stream, got {self.stream!r}")
         self._previous_device = current_device()
         self._previous_stream = current_stream(self.stream.device_index)
@@ -140,7 +141,7 @@ class StreamContext:
     def __exit__(self, *exc) -> bool:
         if self.stream is not None and self._previous_stream is not None:
             set_stream(self._previous_stream)
-            torch.ops.neuron._set_device(self._previous_device)
+            _ops._set_device(self._previous_device)
         return False
 
 
