@@ -2,10 +2,11 @@
 
 An entry holds Inductor's own cache artifacts for one forward/backward graph
 (``torch.compiler.save_cache_artifacts``, TorchNeuron's "MegaCache"), checksummed by
-:mod:`torch_neuronx.compile.cache`. Loading one hot-loads those artifacts, so Inductor
+:mod:`.cache`. Loading one hot-loads those artifacts, so Inductor
 finds the graph in its cache and generates and compiles nothing. Inductor's working cache
 (generated code, built host libraries) lives under the NEFF cache directory too, unless
-``TORCHINDUCTOR_CACHE_DIR`` is set, so one directory holds everything a warm start needs.
+the user chose another with ``TORCHINDUCTOR_CACHE_DIR``, so one directory holds everything a
+warm start needs.
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-import torch_neuronx
-import torch_neuronx.compile
-from torch_neuronx.compile import cache as neff_cache
+from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
+from torch_neuronx.version import __version__
+
+# Inductor cache directories this module put in TORCHINDUCTOR_CACHE_DIR (one per NEFF cache directory used).
+_inductor_dirs_set: set[str] = set()
 
 # Bump when the host code we generate changes for the same graph.
 ARTIFACT_FORMAT = "1"
@@ -37,7 +41,7 @@ def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, An
               if isinstance(t, torch.Tensor) else repr(t) for t in cpu_inputs]
     settings = {k: repr(v) for k, v in sorted(compile_kwargs.items()) if k != "graph_id"}
     return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True, include_device=True),
-                                repr(inputs), repr(settings), torch.__version__, torch_neuronx.__version__,
+                                repr(inputs), repr(settings), torch.__version__, __version__,
                                 ARTIFACT_FORMAT, repr(torch._inductor.config.get_hash()))
 
 
@@ -55,8 +59,8 @@ def inductor_settings(aliased_inputs: bool = False):
     AOTAutograd's cache is skipped for a graph whose inputs share a storage: its key leaves out
     which inputs alias, so it would hand back code compiled for separate inputs."""
     cache = neff_cache.get_cache()
-    if not torch_neuronx.compile.USER_INDUCTOR_CACHE_DIR and cache.enabled:
-        inductor_dir = os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)
+    inductor_dir = os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)
+    if cache.enabled and not _user_chose_inductor_cache_dir(inductor_dir):
         try:
             os.makedirs(inductor_dir, exist_ok=True)
             usable = os.access(inductor_dir, os.W_OK)
@@ -64,10 +68,21 @@ def inductor_settings(aliased_inputs: bool = False):
             usable = False  # the NEFF cache warns about its directory; Inductor keeps its default
         if usable:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
+            _inductor_dirs_set.add(inductor_dir)
     aot_cache = torch._functorch.config.enable_autograd_cache and not aliased_inputs
     with torch._inductor.config.patch(fx_graph_cache=cache.enabled), \
             torch._functorch.config.patch(enable_autograd_cache=aot_cache):
         yield
+
+
+def _user_chose_inductor_cache_dir(ours: str) -> bool:
+    """Whether TORCHINDUCTOR_CACHE_DIR holds the user's choice. Inductor writes its default there
+    when it first needs a directory, and this module writes ours: neither is a choice."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None:
+        return False
+    chosen = os.path.abspath(chosen)
+    return chosen != ours and chosen not in _inductor_dirs_set and chosen != os.path.abspath(default_cache_dir())
 
 
 def _cache_misses() -> int:

@@ -2,9 +2,9 @@
 
 Dynamo hands us a graph of neuron tensors. AOTAutograd (with Inductor's decompositions, joint
 passes and partitioner) traces it on neuron fakes; each forward/backward graph is rewritten to
-CPU and compiled by Inductor for CPU (:mod:`torch_neuronx.compile.host_code`); the result runs
-on the neuron tensors' own bytes. Compiled graphs are cached on disk like TorchNeuron's NEFFs
-(:mod:`torch_neuronx.compile.cache`), keyed by the graph and everything that shapes its code.
+CPU (:mod:`.host_graph`) and compiled by Inductor for CPU; the result runs on the neuron tensors'
+own bytes (:mod:`.executor`). Compiled graphs are cached on disk like TorchNeuron's NEFFs
+(:mod:`.graph_cache`, :mod:`.cache`), keyed by the graph and everything that shapes its code.
 
 TorchNeuron's contract, kept here: static shapes (``dynamic=True`` is an error; each new input
 shape compiles once; Dynamo's automatic dynamic shapes are turned off when this module loads),
@@ -14,9 +14,7 @@ shape compiles once; Dynamo's automatic dynamic shapes are turned off when this 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
 import time
 import warnings
 from typing import Any, Callable
@@ -24,74 +22,22 @@ from typing import Any, Callable
 import torch
 import torch._dynamo
 
-from torch_neuronx.compile import compiled_graphs, host_code
-from torch_neuronx.compile.host_code import NEFFExecutionError  # noqa: F401  (raised by compiled graphs)
-
-__all__ = ["NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
-           "get_model_name", "neuron_backend", "reset_dynamo_metrics", "set_model_name"]
-
-KNOWN_OPTIONS = ("fallback_execution", "model_name")
-FALLBACK_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+from torch_neuronx.neuron_dynamo_backend import config, executor, graph_cache, host_graph, metrics as graph_metrics
+from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
+from torch_neuronx.runtime import hooks
 
 # Static shapes, as TorchNeuron: a new shape compiles a new graph instead of a dynamic one.
 torch._dynamo.config.automatic_dynamic_shapes = False
 
-
-class NEFFCompilationError(RuntimeError):
-    """A graph could not be compiled (and fallback execution is disabled)."""
-
-
-@dataclasses.dataclass
-class GraphMetrics:
-    graph_id: int
-    graph_name: str
-    model_name: str | None
-    has_collectives: bool
-    graph_node_count: int
-    fx_passes_us: float = 0.0  # our FX pass: the graph rewritten to host (CPU) code
-    lower_us: float = 0.0  # keying the graph and looking it up in the compile cache
-    compile_us: float = 0.0  # AOTAutograd + Inductor (tracing, codegen, host compiler), or the cache load
-    cache: str = "miss"  # "hit": loaded from the compile cache, nothing compiled
-    fell_back: bool = False  # compile failed and the graph runs eagerly
-
-
-_model_name: str | None = None
-_metrics: list[GraphMetrics] = []
 _warned_modes: set[str] = set()
-
-
-def set_model_name(name: str | None) -> None:
-    """Name the model whose graphs compile next (shown in metrics)."""
-    global _model_name
-    _model_name = name
-
-
-def get_model_name() -> str | None:
-    return _model_name
-
-
-def get_dynamo_metrics() -> list[dict[str, Any]]:
-    """One dict per compiled graph, in compile order."""
-    return [dataclasses.asdict(m) for m in _metrics]
-
-
-def reset_dynamo_metrics() -> None:
-    _metrics.clear()
-
-
-def _fallback_allowed(options: dict[str, Any]) -> bool:
-    if "fallback_execution" in options:
-        return bool(options["fallback_execution"])
-    disabled = os.environ.get(FALLBACK_ENV, "1").strip().lower()
-    return disabled in ("0", "false", "no", "off")
 
 
 def _check_arguments(example_inputs, mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     options = dict(options or {})
-    unknown = sorted(set(options) - set(KNOWN_OPTIONS))
+    unknown = sorted(set(options) - set(config.KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"torch.compile(backend='neuron') got unknown options {unknown}; the known options are "
-                         f"{list(KNOWN_OPTIONS)}")
+                         f"{list(config.KNOWN_OPTIONS)}")
     if mode not in (None, "default") and mode not in _warned_modes:
         _warned_modes.add(mode)
         warnings.warn(f"torch.compile(backend='neuron') ignores mode={mode!r}: only 'default' exists on neuron",
@@ -116,14 +62,12 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     from torch._guards import detect_fake_mode
     from torch._inductor.compile_fx import compile_fx
 
-    from torch_neuronx.diagnostics import observer
-
     options = _check_arguments(example_inputs, mode, options)
-    metrics = GraphMetrics(graph_id=len(_metrics), graph_name=f"neuron_graph_{len(_metrics)}",
-                           model_name=options.get("model_name", _model_name),
-                           has_collectives=_has_collectives(gm),
-                           graph_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"))
-    _metrics.append(metrics)
+    fallback_allowed = config.fallback_allowed(options)
+    metrics = graph_metrics.new_graph(
+        model_name=options.get("model_name", config.get_model_name()), has_collectives=_has_collectives(gm),
+        graph_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+    observer = hooks.compiled_graph_observer  # diagnostics, when they observe: cost each call of this graph
     try:
         start = time.perf_counter()
         if _has_subclasses(example_inputs):
@@ -138,35 +82,33 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
             metrics.cache = "uncached"
             return compiled
         fake_mode = detect_fake_mode(example_inputs)
-        observed = observer.active() is not None  # diagnostics: cost each call of this graph
-        if observed:
+        if observer is not None:
             observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
-        host_graph = _copy_graph_module(gm)  # Dynamo still reads gm's inputs after we return
-        lifted = host_code.lift_tensor_attributes(host_graph, fake_mode, gm)
-        host_code.rewrite_to_cpu(host_graph, fake_mode)
-        lifted_fakes = [n.meta["example_value"] for n in host_graph.graph.find_nodes(op="placeholder")][:len(lifted)]
-        cpu_inputs = host_code.cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode)
+        host_gm = _copy_graph_module(gm)  # Dynamo still reads gm's inputs after we return
+        lifted = host_graph.lift_tensor_attributes(host_gm, fake_mode, gm)
+        host_graph.rewrite_to_cpu(host_gm, fake_mode)
+        lifted_fakes = [n.meta["example_value"] for n in host_gm.graph.find_nodes(op="placeholder")][:len(lifted)]
+        cpu_inputs = host_graph.cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode)
         rewritten = time.perf_counter()
-        key = compiled_graphs.graph_key(host_graph, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
-        with compiled_graphs.inductor_settings(compiled_graphs.inputs_share_storage(cpu_inputs)):
-            compiled, hit, compile_s = compiled_graphs.compile_with_cache(
-                key, lambda: compile_fx(host_graph, cpu_inputs))
+        key = graph_cache.graph_key(host_gm, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
+        with graph_cache.inductor_settings(graph_cache.inputs_share_storage(cpu_inputs)):
+            compiled, hit, compile_s = graph_cache.compile_with_cache(key, lambda: compile_fx(host_gm, cpu_inputs))
         metrics.fx_passes_us = (rewritten - start) * 1e6
         metrics.lower_us = (time.perf_counter() - rewritten - compile_s) * 1e6
         metrics.compile_us = compile_s * 1e6
         metrics.cache = "hit" if hit else "miss"
     except Exception as error:
-        if not _fallback_allowed(options):
+        if not fallback_allowed:
             raise NEFFCompilationError(
                 f"neuron failed to compile graph {metrics.graph_name}: {type(error).__name__}: {error}. Set "
-                f"{FALLBACK_ENV}=0 (or options={{'fallback_execution': True}}) to run it eagerly instead."
+                f"{config.FALLBACK_ENV}=0 (or options={{'fallback_execution': True}}) to run it eagerly instead."
             ) from error
         warnings.warn(f"neuron failed to compile graph {metrics.graph_name} ({type(error).__name__}: {error}); "
                       "running it eagerly", RuntimeWarning, stacklevel=2)
         metrics.fell_back = True
         return gm.forward  # the neuron graph, run eagerly
-    call = host_code.run_graph_on_neuron(compiled, lifted)
-    return observer.count_calls(metrics.graph_name, call) if observed else call
+    call = executor.run_graph_on_neuron(compiled, lifted)
+    return call if observer is None else observer.count_calls(metrics.graph_name, call)
 
 
 def _has_subclasses(example_inputs) -> bool:
@@ -175,7 +117,8 @@ def _has_subclasses(example_inputs) -> bool:
     return any(is_traceable_wrapper_subclass(x) for x in example_inputs)
 
 
-def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, metrics: GraphMetrics) -> Callable:
+def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs,
+                                   metrics: graph_metrics.GraphMetrics) -> Callable:
     """A graph with tensor-subclass inputs (the DTensor parameters of a tensor-parallel model),
     for inference. AOTAutograd unwraps the subclasses on the neuron fakes, where their device
     mesh is neuron, and hands over a plain graph (collectives as functional ops), which is
@@ -189,10 +132,10 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, met
     def compile_plain(plain: torch.fx.GraphModule, plain_inputs):
         metrics.has_collectives = metrics.has_collectives or _has_collectives(plain)  # DTensor's, now explicit
         fake_mode = detect_fake_mode(plain_inputs)
-        host_code.rewrite_to_cpu(plain, fake_mode)
-        with compiled_graphs.inductor_settings():
-            output_code = compile_fx_inner(plain, host_code.cpu_example_inputs(plain_inputs, fake_mode))
-        return host_code.run_graph_on_neuron(lambda *args: output_code(list(args)))
+        host_graph.rewrite_to_cpu(plain, fake_mode)
+        with graph_cache.inductor_settings():
+            output_code = compile_fx_inner(plain, host_graph.cpu_example_inputs(plain_inputs, fake_mode))
+        return executor.run_graph_on_neuron(lambda *args: output_code(list(args)))
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_plain, inference_compiler=compile_plain,
                                  decompositions=select_decomp_table(), keep_inference_input_mutations=True)
