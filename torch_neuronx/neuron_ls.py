@@ -13,6 +13,7 @@ import json
 import sys
 
 from torch_neuronx import topology
+from torch_neuronx.runtime import format_bytes
 
 PROG = "neuron-ls"
 
@@ -86,7 +87,7 @@ def text(topo: topology.Topology, show_topology: bool) -> str:
              f"{c['memory_size'] // topology.GiB} GB", ", ".join(map(str, c["connected_to"])) or "-",
              id_ranges(c["visible_neuroncore_ids"])] for c in chips(topo)]
     out.append(table(header, rows))
-    memory = f"memory per logical core: {topo.device_memory / topology.GiB:.2f} GiB"
+    memory = f"memory per logical core: {format_bytes(topo.device_memory)}"
     if topo.memory_overridden:
         out.append(f"{memory} (set by {topology.DEVICE_MEMORY_ENV})")
     else:

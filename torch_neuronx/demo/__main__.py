@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from torch_neuronx.demo.pipelines import ModelNotFoundError, argument_parser, model_source
+from torch_neuronx.runtime import format_bytes
 
 PROMPT = "a golden retriever surfing a wave, photorealistic"
 TOLERANCE = 2e-3  # images in [0, 1]; float32 reordering across devices/compilers stays far below
@@ -90,7 +91,7 @@ def describe_device() -> str:
     props = torch.neuron.get_device_properties(0)
     count = torch.neuron.device_count()
     return (f"device neuron:0 ({props.name}, NeuronCore {props.core_id}), {topology.current().describe()}: "
-            f"{count} visible core{'s' if count != 1 else ''}, {props.total_memory / 2**30:.2f} GiB each; "
+            f"{count} visible core{'s' if count != 1 else ''}, {format_bytes(props.total_memory)} each; "
             "ops run on this host's CPU")
 
 
@@ -129,8 +130,8 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     metrics = torch.neuron.get_dynamo_metrics()
     print(f"graphs compiled: {len(metrics)}; cache hits: {sum(m['cache'] == 'hit' for m in metrics)}; "
           f"compile time {sum(m['compile_us'] for m in metrics) / 1e6:.1f} s")
-    print(f"memory peak on neuron:0: {torch.neuron.max_memory_allocated(0) / 2**20:.1f} MiB of "
-          f"{torch.neuron.get_device_properties(0).total_memory / 2**30:.2f} GiB")
+    print(f"memory peak on neuron:0: {format_bytes(torch.neuron.max_memory_allocated(0))} of "
+          f"{format_bytes(torch.neuron.get_device_properties(0).total_memory)}")
     print(f"saved {args.output} (neuron eager)")
     if args.json:
         with open(args.json, "w") as f:
@@ -196,7 +197,7 @@ def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
         print(f"\n{describe_device()}")
         print(f"tensor parallel over {len(peaks)} cores: {seconds:.2f} s for {args.steps} steps at "
               f"{args.width}x{args.height} (one core: {single:.2f} s); image {check}")
-        print("memory peak per core: " + ", ".join(f"rank {r} {p / 2**20:.1f} MiB" for r, p in enumerate(peaks)))
+        print("memory peak per core: " + ", ".join(f"rank {r} {format_bytes(p)}" for r, p in enumerate(peaks)))
         pipe.numpy_to_pil(image[None])[0].save(args.output)
         print(f"saved {args.output} (rank 0)")
     dist.destroy_process_group()

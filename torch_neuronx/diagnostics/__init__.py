@@ -17,6 +17,7 @@ from torch_neuronx.diagnostics.observer import phase, start, stop
 from torch_neuronx.diagnostics.op_tracking import (clear_op_tracking, get_executed_ops, get_fallback_ops,
                                                  get_op_counts)
 from torch_neuronx.diagnostics.report import Report
+from torch_neuronx.runtime import env_flag
 
 REPORT_ENV = "TORCH_NEURONX_REPORT"
 PROFILE_ENV = "TORCH_NEURONX_REPORT_PROFILE"
@@ -66,13 +67,11 @@ def _print_at_exit() -> None:
 
 def enable_from_env() -> None:
     """TORCH_NEURONX_REPORT=1: collect from import on, print the report at exit."""
-    value = os.environ.get(REPORT_ENV, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    try:
+        enabled = env_flag(REPORT_ENV, default=False)
+    except ValueError as error:  # read at import (of torch, under autoload): warn, never fail the import
+        warnings.warn(f"{error}; no Trainium readiness report will be printed", RuntimeWarning, stacklevel=2)
         return
-    if value not in ("1", "true", "yes", "on"):
-        warnings.warn(f"{REPORT_ENV}={os.environ[REPORT_ENV]!r} is not understood: set it to 1 to print the "
-                      "Trainium readiness report at exit, or 0 (or unset it) for none", RuntimeWarning,
-                      stacklevel=2)
-        return
-    start()
-    atexit.register(_print_at_exit)
+    if enabled:
+        start()
+        atexit.register(_print_at_exit)

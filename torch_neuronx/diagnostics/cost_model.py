@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.utils.flop_counter as flop_counter
 
+from torch_neuronx.runtime import BACKEND_NAME
+
 TERA = 1e12
 
 
@@ -202,7 +204,7 @@ class TensorMeta:
 
     def __str__(self) -> str:
         short = str(self.dtype).replace("torch.", "").replace("float", "f").replace("bfloat", "bf")
-        where = "" if self.device == "neuron" else f"@{self.device}"
+        where = "" if self.device == BACKEND_NAME else f"@{self.device}"
         return f"{short}[{', '.join(map(str, self.shape))}]{where}"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from torch_neuronx.diagnostics import cost_model, unsupported_ops
+from torch_neuronx.runtime import BACKEND_NAME
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
@@ -113,9 +114,9 @@ class Detector:
         for t in (*inputs, *results):  # one pass; only neuron tensors are Trainium's business
             dtype = t.dtype
             if dtype is torch.float64 or dtype is torch.complex128:
-                if t.device.type == "neuron":
+                if t.device.type == BACKEND_NAME:
                     wide.add(str(dtype).replace("torch.", ""))
-            elif dtype is torch.int64 and out_of_range is None and t.numel() > 0 and t.device.type == "neuron":
+            elif dtype is torch.int64 and out_of_range is None and t.numel() > 0 and t.device.type == BACKEND_NAME:
                 low, high = (int(v) for v in torch.aminmax(t))
                 if low < INT32_MIN or high > INT32_MAX:
                     out_of_range = f"values in [{low}, {high}] leave the int32 range"
@@ -134,7 +135,7 @@ class Detector:
     def check_graph_op(self, op: str, inputs, results, site: str) -> None:
         """An op of a compiled graph (metadata only: values are unknown at compile time)."""
         wide = {str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
-                if m.device == "neuron" and m.dtype in (torch.float64, torch.complex128)}
+                if m.device == BACKEND_NAME and m.dtype in (torch.float64, torch.complex128)}
         for kind, detail in self._op_hits(op, wide):
             self.add(kind, op, site, f"in a compiled graph: {detail}")
 
@@ -142,10 +143,10 @@ class Detector:
     def _sync(base: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> str | None:
         if base == "_local_scalar_dense":
             return ".item() (or bool/int/float of a tensor, e.g. `if t.any():`)"
-        if base == "_to_copy" and inputs and inputs[0].device.type == "neuron" and not results:
+        if base == "_to_copy" and inputs and inputs[0].device.type == BACKEND_NAME and not results:
             return ".cpu() / .to('cpu') / .numpy() / .tolist()"
         if base == "copy" and len(inputs) >= 2 and inputs[0].device.type == "cpu" \
-                and inputs[1].device.type == "neuron":
+                and inputs[1].device.type == BACKEND_NAME:
             return "a copy into a CPU tensor"
         return None
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from html import escape
 
 from torch_neuronx.diagnostics import findings
-from torch_neuronx.diagnostics.text import count, size
+from torch_neuronx.diagnostics.text import count
+from torch_neuronx.runtime import format_bytes
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
@@ -55,12 +56,12 @@ def memory_chart(timeline, capacity: int) -> str:
              f'<line x1="{pad}" y1="{height - 25}" x2="{width - 10}" y2="{height - 25}" stroke="#888"/>',
              f'<line x1="{pad}" y1="10" x2="{pad}" y2="{height - 25}" stroke="#888"/>',
              f'<polyline fill="none" stroke="#3b7dd8" stroke-width="1.5" points="{points}"/>',
-             f'<text x="{pad - 4}" y="{y(top) + 4:.1f}" text-anchor="end" font-size="11">{escape(size(top))}</text>',
+             f'<text x="{pad - 4}" y="{y(top) + 4:.1f}" text-anchor="end" font-size="11">{escape(format_bytes(top))}</text>',
              f'<text x="{width - 10}" y="{height - 8}" text-anchor="end" font-size="11">{t_end:.2f} s</text>']
     if scale_top == capacity and capacity:
         parts.append(f'<line x1="{pad}" y1="{y(capacity):.1f}" x2="{width - 10}" y2="{y(capacity):.1f}" '
                      f'stroke="#c33" stroke-dasharray="4 3"/><text x="{width - 12}" y="{y(capacity) - 4:.1f}" '
-                     f'text-anchor="end" font-size="11" fill="#c33">capacity {escape(size(capacity))}</text>')
+                     f'text-anchor="end" font-size="11" fill="#c33">capacity {escape(format_bytes(capacity))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -82,11 +83,11 @@ def render(report) -> str:
         f"estimated total {report.estimated_ms:.3f} ms.</p>",
         "<h2>Estimated time per op family</h2>", family_chart(report.families),
         _table(["op family", "calls", "FLOPs", "bytes", "est. ms", "bound"],
-               [[r.family, r.calls, count(r.flops), size(r.bytes), round(r.estimated_ms, 4), r.bound]
+               [[r.family, r.calls, count(r.flops), format_bytes(r.bytes), round(r.estimated_ms, 4), r.bound]
                 for r in report.families]),
         "<h2>Memory timeline</h2>", memory_chart(report.memory_timeline, capacity),
         _table(["device", "peak", "emulated capacity"],
-               [[m.device, size(m.peak_bytes), size(m.emulated_capacity_bytes)] for m in report.memory]),
+               [[m.device, format_bytes(m.peak_bytes), format_bytes(m.emulated_capacity_bytes)] for m in report.memory]),
         f"<h2>Findings ({len(report.findings)})</h2>",
         _table(["kind", "op", "count", "where", "what it means"], finding_rows) if finding_rows
         else "<p>None.</p>",

@@ -2,8 +2,9 @@
 
 It records each call's signature (op, input shapes, dtypes) under the current phase, checks it for
 findings, and samples memory. Compiled graphs are recorded once when compiled (their ops run on
-FakeTensors) and counted per call. Collection costs ~35 us per eager op (more on large ones, whose
-data the observer pushes out of cache); it is off by default.
+FakeTensors) and counted per call: the compiler calls this module through the hook that
+:func:`start` installs in :mod:`torch_neuronx.runtime.hooks`. Collection adds Python work to every
+eager op, so it is off by default.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch.utils._pytree import tree_leaves
 from torch_neuronx import ecosystem_errors
 from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch
 from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.runtime import BACKEND_NAME, hooks, ops
 
 DEFAULT_PHASE = "run"
 TIMELINE_EVERY = 16  # memory is sampled every this many observed calls
@@ -111,9 +113,9 @@ class Collector:
             self.sample_memory()
 
     def sample_memory(self) -> None:
-        if not torch.ops.neuron._is_initialized():
+        if not ops._is_initialized():
             return
-        allocated = torch.ops.neuron._memory_stats(torch.ops.neuron._current_device())[0]
+        allocated = ops._memory_stats(ops._current_device())[0]
         with self.lock:
             self.timeline.append((time.perf_counter() - self.started, allocated))
 
@@ -150,7 +152,7 @@ def _library_error(kind: str, call: str, detail: str) -> None:
 
 ecosystem_errors.listen(_library_error)
 
-_observer_library = torch.library.Library("neuron", "IMPL")  # noqa: the core calls neuron::_observe_op
+_observer_library = torch.library.Library(BACKEND_NAME, "IMPL")  # noqa: the core calls neuron::_observe_op
 _observer_library.impl("_observe_op", _observe, "CPU")
 
 
@@ -159,8 +161,9 @@ def start() -> Collector:
     global _collector
     if _collector is None:
         _collector = Collector()
-        torch.ops.neuron._set_op_tracking_level(2)
+        ops._set_op_tracking_level(2)
         safetensors_watch.install()
+        hooks.install_compiled_graph_observer(_CompiledGraphHook())
     return _collector
 
 
@@ -169,8 +172,9 @@ def stop() -> Collector | None:
     global _collector, _last
     collector = _collector
     if collector is not None:
-        torch.ops.neuron._set_op_tracking_level(1)
+        ops._set_op_tracking_level(1)
         safetensors_watch.uninstall()
+        hooks.install_compiled_graph_observer(None)
         collector.close_phase()
         _collector, _last = None, collector
     return collector
@@ -282,3 +286,10 @@ def count_calls(name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
 
     call.__wrapped__ = compiled
     return call
+
+
+class _CompiledGraphHook:
+    """What the compiler calls while collecting (see torch_neuronx.runtime.hooks)."""
+
+    record_compiled_graph = staticmethod(record_compiled_graph)
+    count_calls = staticmethod(count_calls)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
 
 from torch_neuronx.diagnostics import observer, unsupported_ops
+from torch_neuronx.runtime import ops
 
 
 def get_op_counts() -> dict[str, int]:
     """Each op that ran on neuron since the last :func:`clear_op_tracking` -> its number of calls."""
-    names, calls = torch.ops.neuron._op_counts()
+    names, calls = ops._op_counts()
     counts: Counter = Counter()
     for name, n in zip(names, calls):
         counts[name] += n
@@ -36,5 +36,5 @@ def get_fallback_ops() -> list[str]:
 
 def clear_op_tracking() -> None:
     """Forget the executed ops, and everything diagnostics collected so far."""
-    torch.ops.neuron._clear_op_counts()
+    ops._clear_op_counts()
     observer.clear()

@@ -12,6 +12,7 @@ import torch
 
 from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, unsupported_ops
 from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
+from torch_neuronx.runtime import BACKEND_NAME, format_bytes
 
 TIMELINE_POINTS = 400
 
@@ -87,7 +88,7 @@ class Report:
 
 def _call_family(signature: observer.Signature, results: tuple[TensorMeta, ...]) -> str:
     base = cost_model.base_name(signature.op)
-    if base in ("copy", "_to_copy") and (any(m.device != "neuron" for m in signature.inputs) or not results):
+    if base in ("copy", "_to_copy") and (any(m.device != BACKEND_NAME for m in signature.inputs) or not results):
         return HOST_TRANSFER
     return signature.family
 
@@ -149,10 +150,10 @@ def _memory_findings(rows: list[MemoryRow], profile: cost_model.TrainiumProfile)
     out = []
     for row in rows:
         if row.peak_bytes > hbm:
-            detail = (f"peak {row.peak_bytes / 2**30:.2f} GiB exceeds the {hbm / 2**30:.2f} GiB a core has: "
+            detail = (f"peak {format_bytes(row.peak_bytes)} exceeds the {format_bytes(hbm)} a core has: "
                       "this would run out of memory (shard the model, or use a smaller batch)")
         elif row.peak_bytes > 0.8 * hbm:
-            detail = f"peak {row.peak_bytes / 2**30:.2f} GiB is over 80% of the core's {hbm / 2**30:.2f} GiB"
+            detail = f"peak {format_bytes(row.peak_bytes)} is over 80% of the core's {format_bytes(hbm)}"
         else:
             continue
         out.append(findings.Finding("memory", "-", row.device, 1, detail))

@@ -2,15 +2,9 @@
 from __future__ import annotations
 
 from torch_neuronx.diagnostics import findings
+from torch_neuronx.runtime import format_bytes
 
 TOP_SIGNATURES = 12
-
-
-def size(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def count(n: float) -> str:
@@ -24,7 +18,7 @@ def _families(rows, indent: str = "  ") -> list[str]:
     lines = [f"{indent}{'op family':<16} {'calls':>8} {'FLOPs':>9} {'bytes':>11} {'est. ms':>10}  bound"]
     for r in rows:
         est = "-" if r.bound == "not estimated" else f"{r.estimated_ms:.4f}"
-        lines.append(f"{indent}{r.family:<16} {r.calls:>8} {count(r.flops):>9} {size(r.bytes):>11} {est:>10}  "
+        lines.append(f"{indent}{r.family:<16} {r.calls:>8} {count(r.flops):>9} {format_bytes(r.bytes):>11} {est:>10}  "
                      f"{r.bound}")
     return lines
 
@@ -69,7 +63,7 @@ def render(report) -> str:
 
     lines.append("Memory (peak since start / emulated capacity):")
     for m in report.memory:
-        lines.append(f"  {m.device}: {size(m.peak_bytes)} / {size(m.emulated_capacity_bytes)}")
+        lines.append(f"  {m.device}: {format_bytes(m.peak_bytes)} / {format_bytes(m.emulated_capacity_bytes)}")
     if not report.memory:
         lines.append("  neuron was not used")
     lines.append("")
