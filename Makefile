@@ -31,7 +31,7 @@ demo: setup
 	$(PY) -m torch_neuronx.demo
 
 # One worker per core, each taking whole files (module fixtures, such as a shared compile
-# cache, stay in one process): 11.5 -> 8 min on 2 cores.
+# cache, stay in one process).
 test: setup
 	$(PY) -m pytest -q -n auto --dist loadfile
 

@@ -149,7 +149,7 @@ def fresh_neuron_transformer(source: str, dtype: torch.dtype):
 
 def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
     """What a real Trainium would do differently: one eager and one compiled generation with
-    diagnostics on (they cost ~35 us per eager op, so the timed phases above ran without)."""
+    diagnostics on (they add work to every eager op, so the timed phases above ran without)."""
     from torch_neuronx import diagnostics
 
     # The whole transformer compiled again (a cache hit), so its graph is costed.

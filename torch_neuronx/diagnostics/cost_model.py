@@ -232,11 +232,11 @@ def flops(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ..
         if base == "convolution_backward_overrideable" and len(inputs) >= 3:
             grad_out, x, w = inputs[:3]
             transposed = _is_transposed_conv(x, grad_out)
-            # grad of the input and of the weight: each costs one forward convolution.
-            defined = [r for r in results[:2]]
+            # grad of the input and of the weight (the first two results, when computed): each costs
+            # one forward convolution.
             per_grad = flop_counter.conv_flop_count(list(x.shape), list(w.shape), list(grad_out.shape),
                                                     transposed=transposed)
-            return per_grad * max(1, len(defined))
+            return per_grad * max(1, min(len(results), 2))
         if "scaled_dot_product" in base or base in ("_flash_attention_forward", "_efficient_attention_forward"):
             if base.endswith("_backward"):
                 return flop_counter.sdpa_backward_flop_count(shapes[0], shapes[1], shapes[2], shapes[3])

@@ -44,7 +44,6 @@ class Finding:
     site: str
     count: int = 0
     detail: str = ""
-    examples: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "op": self.op, "site": self.site, "count": self.count, "detail": self.detail,
