@@ -1,9 +1,9 @@
 """Short processes that use neuron exit with status 0, whatever they did last.
 
-A process once aborted at exit ("terminate called without an active exception", status 134)
-in about half the runs of a three-line backward: autograd's neuron device thread released the
-graph after the interpreter had begun shutting down. Each kind below is a program a user or a
-CI job runs and ends right after its last neuron call; every run of each must exit 0.
+What this guards against is a race at shutdown: a thread that releases autograd's graph after the
+interpreter has begun shutting down aborts the process ("terminate called without an active
+exception", status 134), and only in some runs. Each kind below is a program a user or a CI job
+runs and ends right after its last neuron call; every run of each must exit 0.
 """
 import os
 import subprocess
@@ -60,7 +60,7 @@ PROGRAMS = {
     """,
 }
 
-# Each kind several times: the abort was a race that lost in some runs only.
+# Each kind several times: a shutdown race loses in some runs only, so one clean run proves little.
 RUNS = {"backward": 6, "custom_function_backward": 3, "autocast_backward": 4, "optimizer_step": 4,
         "compiled_training": 2}
 

@@ -33,9 +33,8 @@ from torch.testing._internal.opinfo.core import DecorateInfo
 
 from helpers import sweeps
 
-# Every sample of every op by default (~18,800 forward samples; max_pool2d alone has 1,440):
-# ~2.5 min on this 2-core machine. To cut it, NEURON_OPINFO_MAX_SAMPLES=N runs only the first N
-# samples of each op (op_db lists the basic cases first).
+# Every sample of every op by default. For a quicker pass, NEURON_OPINFO_MAX_SAMPLES=N runs only
+# the first N samples of each op (op_db lists the basic cases first).
 MAX_SAMPLES = int(os.environ.get("NEURON_OPINFO_MAX_SAMPLES", "0"))
 
 _SPARSE = "sparse layouts are not supported on neuron (NotImplementedError 'not supported on neuron')"
@@ -158,7 +157,8 @@ def _cpu_sample(sample):
 
 def _flatten(tree):
     """(leaves, structure) of nested lists/tuples/dicts; torch.Size is a leaf. A lean stand-in for
-    torch.utils._pytree.tree_flatten, which was a tenth of the run time."""
+    torch.utils._pytree.tree_flatten, whose generality is costly when every sample's inputs and
+    outputs are flattened several times."""
     leaves = []
 
     def walk(x):
@@ -209,7 +209,7 @@ def _run(op, sample, inp, args, kwargs):
 def _samples(op, device, requires_grad):
     # What op.sample_inputs(device, dtype, requires_grad) yields, minus its TrackedInputIter
     # wrapper: that one calls torch.manual_seed before each sample and inspect.stack() per
-    # iterator (slow, see _seed). We seed once; samples are then reproducible all the same.
+    # iterator (slow, see helpers.sweeps.seed). We seed once; samples are then reproducible all the same.
     sweeps.seed()
     samples = op.sample_inputs_func(op, device, torch.float32, requires_grad)
     for i, sample in enumerate(samples):

@@ -114,7 +114,7 @@ def test_pixart_sigma_away_from_its_native_size_differs_only_by_diffusers_float3
     """At another size than sample_size, PixArt recomputes its sin-cos position table on the latents'
     device, and diffusers computes it in float64 except on devices it lists as without float64 (mps,
     npu, neuron: utils/torch_utils.py _FP64_UNSUPPORTED_DEVICES), where it uses float32. So neuron gets
-    a table about 1e-7 away from CPU's (measured: images 4.5e-7 apart) and the difference is
+    a table that differs from CPU's by float32 rounding, and the difference is
     diffusers', not the device's: with the float64 table on both, the transformer's outputs are equal."""
     import diffusers.models.embeddings as embeddings_module
 
