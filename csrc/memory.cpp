@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <mutex>
 #include <pthread.h>
@@ -333,6 +334,18 @@ c10::Allocator* pinned_host_allocator() { return &g_pinned_allocator; }
 bool is_pinned_host_ptr(const void* ptr) {
   std::lock_guard<std::mutex> lock(g_pinned_mutex);
   return g_pinned.count(ptr) > 0;
+}
+
+void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
+  auto* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "neuron: trying to resize a storage that is not resizable");
+  const auto index = impl->device().index();
+  DeviceScope scope(index);  // the allocator allocates on the current device
+  c10::DataPtr fresh = neuron_allocator()->allocate(new_bytes);
+  const size_t keep = std::min(new_bytes, impl->nbytes());
+  if (keep > 0) std::memcpy(fresh.get(), impl->data(), keep);
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(new_bytes);
 }
 
 REGISTER_ALLOCATOR(kNeuron, &g_allocator);

@@ -111,6 +111,9 @@ c10::DataPtr adopt_data_ptr(c10::DataPtr cpu_data, size_t nbytes, c10::DeviceInd
 c10::DataPtr adopt_storage(const c10::Storage& cpu_storage, c10::DeviceIndex index);
 c10::Allocator* pinned_host_allocator();
 bool is_pinned_host_ptr(const void* ptr);
+// UntypedStorage.resize_(): gives the storage new memory of `new_bytes` on its own
+// device, keeping the bytes both sizes share.
+void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes);
 
 // ---- streams.cpp: streams and events ---------------------------------------
 // Execution is host-synchronous: work is complete when an op returns. Streams

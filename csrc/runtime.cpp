@@ -1,5 +1,6 @@
 // Devices, the device guard and the PrivateUse1 hooks: what makes `neuron`
-// a device of torch and torch's current accelerator.
+// a device of torch and torch's current accelerator. Memory logic the hooks
+// reach (storage resizing, pinned memory) lives in memory.cpp.
 #include "neuron.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -7,7 +8,6 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -170,15 +170,7 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
 
   // UntypedStorage.resize_() on a neuron storage.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
-    auto* impl = storage.unsafeGetStorageImpl();
-    TORCH_CHECK(impl->resizable(), "neuron: trying to resize a storage that is not resizable");
-    const auto index = impl->device().index();
-    DeviceScope scope(index);
-    c10::DataPtr fresh = neuron_allocator()->allocate(new_bytes);
-    const size_t keep = std::min(new_bytes, impl->nbytes());
-    if (keep > 0) std::memcpy(fresh.get(), impl->data(), keep);
-    impl->set_data_ptr_noswap(std::move(fresh));
-    impl->set_nbytes(new_bytes);
+    resize_storage_bytes(storage, new_bytes);
   }
 };
 
