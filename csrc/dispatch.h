@@ -35,6 +35,9 @@ int64_t route_generic_kernel_ops_to_fallback();
 // Runs torch's c10d ops (collectives) for neuron tensors through the fallback, so the
 // process group's CPU backend (Gloo) works on CPU aliases; returns how many it routed.
 int64_t route_c10d_ops_to_fallback();
+// Registers the fallback as the neuron kernel of the named aten ops (whose only
+// kernel is generic and refuses unknown devices); returns how many.
+int64_t route_ops_to_fallback(const std::vector<std::string>& names);
 
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.

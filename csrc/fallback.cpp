@@ -202,8 +202,6 @@ int64_t route_generic_kernel_ops_to_fallback() {
   return routed;
 }
 
-namespace {
-
 // Ops whose only kernel is generic and refuses devices it does not know (mode's
 // "only supports CPU, CUDA and XPU"): on neuron, run it as on CPU, on CPU aliases.
 int64_t route_ops_to_fallback(const std::vector<std::string>& names) {
@@ -213,8 +211,6 @@ int64_t route_ops_to_fallback(const std::vector<std::string>& names) {
   }
   return static_cast<int64_t>(names.size());
 }
-
-}  // namespace
 
 // torch's own c10d kernels for PrivateUse1 hand neuron tensors to the process
 // group's backend for the neuron device; Gloo accepts only CPU tensors. Running
@@ -246,10 +242,6 @@ constexpr char kQuantized[] = "quantized";
 constexpr char kNested[] = "nested";
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(neuron, m) {
-  m.def("_route_ops_to_fallback(str[] names) -> int", &route_ops_to_fallback);
-}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());

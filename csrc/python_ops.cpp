@@ -1,5 +1,5 @@
 // The core's Python surface, as `torch.ops.neuron.*` (no pybind: the core
-// links only against libtorch, and these are not hot paths).
+// links only against libtorch, and these are not hot paths), grouped by area.
 #include "dispatch.h"
 
 #include <torch/library.h>
@@ -64,6 +64,7 @@ at::Tensor host_alias(const at::Tensor& t) {
 }  // namespace
 
 TORCH_LIBRARY(neuron, m) {
+  // Devices and runtime state (Python's topology sets them at import).
   m.def("_set_device_count(int count) -> ()", [](int64_t n) { set_device_count(n); });
   m.def("_device_count() -> int", []() -> int64_t { return device_count(); });
   m.def("_current_device() -> int", []() -> int64_t { return current_device(); });
@@ -72,29 +73,39 @@ TORCH_LIBRARY(neuron, m) {
     set_current_device(static_cast<c10::DeviceIndex>(i));
   });
   m.def("_check_device_index(int index) -> ()", [](int64_t i) { check_device_index(i); });
+  m.def("_set_config_error(str message) -> ()", [](std::string m) { set_config_error(std::move(m)); });
   m.def("_is_initialized() -> bool", []() { return is_initialized(); });
   m.def("_mark_initialized() -> ()", []() { mark_initialized(); });
+  m.def("_set_intraop_threads(int count) -> ()", [](int64_t n) { set_intraop_threads(n); });
+
+  // Memory: each device's emulated capacity, limit and statistics.
+  m.def("_set_device_memory(int index, int capacity, int core_id) -> ()", &set_device_memory);
+  m.def("_set_memory_limit(int index, int limit) -> ()", &set_memory_limit);
+  m.def("_set_instance_description(str description) -> ()",
+        [](std::string d) { set_instance_description(std::move(d)); });
+  m.def("_memory_stats(int index) -> int[]", &memory_stats_of);
+  m.def("_reset_peak_memory_stats(int index) -> ()", [](int64_t i) { reset_peak_stats(checked_index(i)); });
+  m.def("_reset_accumulated_memory_stats(int index) -> ()",
+        [](int64_t i) { reset_accumulated_stats(checked_index(i)); });
+
+  // Random numbers: each device's default generator.
   m.def("_default_generator(int index) -> Generator?", [](int64_t i) {
     check_device_index(i);
     return default_generator(static_cast<c10::DeviceIndex>(i));
   });
-  m.def("_memory_stats(int index) -> int[]", &memory_stats_of);
-  m.def("_set_device_memory(int index, int capacity, int core_id) -> ()", &set_device_memory);
-  m.def("_set_memory_limit(int index, int limit) -> ()", &set_memory_limit);
+
+  // Streams and events.
   // torch.Event.elapsed_time rejects subclasses such as torch.neuron.Event: take the raw events.
   m.def("_event_elapsed_ms(int start, int end) -> float", [](int64_t start, int64_t end) {
     return event_elapsed_ms(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end));
   });
-  m.def("_set_config_error(str message) -> ()", [](std::string m) { set_config_error(std::move(m)); });
-  m.def("_set_instance_description(str description) -> ()",
-        [](std::string d) { set_instance_description(std::move(d)); });
-  m.def("_reset_accumulated_memory_stats(int index) -> ()",
-        [](int64_t i) { reset_accumulated_stats(checked_index(i)); });
-  m.def("_set_intraop_threads(int count) -> ()", [](int64_t n) { set_intraop_threads(n); });
+
+  // Fallback routing: ops that must run CPU's own kernel through the boxed fallback.
   m.def("_route_generic_kernel_ops_to_fallback() -> int", []() { return route_generic_kernel_ops_to_fallback(); });
-  m.def("_reset_peak_memory_stats(int index) -> ()", [](int64_t i) { reset_peak_stats(checked_index(i)); });
-  m.def("_host_alias(Tensor t) -> Tensor", &host_alias);
   m.def("_route_c10d_ops_to_fallback() -> int", []() { return route_c10d_ops_to_fallback(); });
+  m.def("_route_ops_to_fallback(str[] names) -> int", &route_ops_to_fallback);
+
+  // Op tracking (torch_neuronx.get_executed_ops and diagnostics).
   m.def("_set_op_tracking_level(int level) -> ()", &set_op_tracking_level);
   m.def("_op_tracking_level() -> int", []() -> int64_t { return op_tracking_level(); });
   m.def("_op_counts() -> (str[], int[])", &op_counts);
@@ -102,6 +113,12 @@ TORCH_LIBRARY(neuron, m) {
   // Implemented in Python (torch_neuronx.diagnostics.observer) for the CPU key; the core calls it
   // for each op call at tracking level 2.
   m.def("_observe_op(str op, Tensor[] inputs, Tensor[] results) -> ()");
+
+  // DLPack: a CPU tensor over a neuron tensor's bytes.
+  m.def("_host_alias(Tensor t) -> Tensor", &host_alias);
+
+  // Compiled calls (_enter/_exit/_abort_compiled_call) are defined in compiled_calls.cpp,
+  // beside the per-thread frames they manage.
 }
 
 }  // namespace neuron
