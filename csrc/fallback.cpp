@@ -191,7 +191,8 @@ struct SilentWarnings final : c10::WarningHandler {
 // decomposition for other backends (CompositeExplicitAutograd/ImplicitAutograd).
 // On neuron that generic kernel outranks a backend fallback, so neuron would run
 // a decomposition (other last bits than CPU) or an empty + .out round trip
-// (+1.4 us). Route such ops to the fallback, i.e. to CPU's own kernel.
+// (an extra op and dispatch on every call). Route such ops to the fallback, i.e. to
+// CPU's own kernel.
 int64_t route_generic_kernel_ops_to_fallback() {
   static const int64_t routed = route_to_fallback("aten", [](const c10::OperatorHandle& op) {
     return !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
