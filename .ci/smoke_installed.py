@@ -36,8 +36,8 @@ def run(args, env=None, code=None):
 @check("the package comes from the venv, not the checkout, and its core is this Python's")
 def _installed():
     out = run([], code="""
-        import torch, torch_neuronx, torch_neuronx._library as lib
-        print(torch_neuronx.__file__); print(lib.core_path())
+        import torch, torch_neuronx, torch_neuronx.runtime.core as core
+        print(torch_neuronx.__file__); print(core.core_path())
     """).stdout.split()
     for path in out:
         assert not os.path.realpath(path).startswith(CHECKOUT), f"{path} is inside the checkout"

@@ -201,12 +201,12 @@ def test_repeated_blocks_compile_once_per_class():
 
 
 def test_runtime_failure_is_a_neff_execution_error():
-    from torch_neuronx.compile import host_code
+    from torch_neuronx.neuron_dynamo_backend import executor
 
     def broken(*args):
         raise ValueError("simulated kernel failure")
 
-    run = host_code.run_graph_on_neuron(broken)  # the wrapper every compiled graph gets
+    run = executor.run_graph_on_neuron(broken)  # the wrapper every compiled graph gets
     x = torch.randn(2, 4, device="neuron")
     with pytest.raises(backend.NEFFExecutionError, match="simulated kernel failure") as info:
         run(x)

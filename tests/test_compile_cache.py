@@ -1,4 +1,4 @@
-"""The persistent compile-artifact cache (torch_neuronx.compile.cache), AWS's NEFF cache contract."""
+"""The persistent compile-artifact cache (torch_neuronx.neuron_dynamo_backend.cache), AWS's NEFF cache contract."""
 import os
 import subprocess
 import sys
@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 
-from torch_neuronx.compile import cache as cc
+from torch_neuronx.neuron_dynamo_backend import cache as cc
+from torch_neuronx.runtime.warn import _given as warned
 
-CACHE_PY = os.path.abspath(cc.__file__)
 ENV_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_DISABLE_CACHE", "NEURON_COMPILATION_CACHE_MAX_SIZE_MB",
             "NEURON_COMPILATION_CACHE_MAX_ENTRIES", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
             "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "TORCH_NEURONX_LOG_LEVEL")
@@ -22,9 +22,9 @@ def clean_env(monkeypatch, tmp_path):
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
-    cc._warned.clear()  # warnings are once per process; each test starts afresh
+    warned.clear()  # warnings are once per process; each test starts afresh
     yield
-    cc._warned.clear()
+    warned.clear()
 
 
 def counters(**nonzero):
@@ -51,8 +51,6 @@ def test_round_trip_memory_then_disk(tmp_path):
     [entry] = fresh.entries()
     assert (entry.key, entry.path, entry.size) == (key, path, 48 + len(payload))
     assert fresh.total_size() == entry.size and abs(entry.mtime - time.time()) < 60
-    fresh.reset_counters()
-    assert fresh.counters == ZERO
     with pytest.raises(ValueError):
         fresh.get("../etc/passwd")
 
@@ -134,9 +132,9 @@ def test_corrupt_entry_is_a_miss_warned_once_removed_and_recompiled(tmp_path, ho
 
 
 _WORKER = """
-import importlib.util, os, sys, time
-spec = importlib.util.spec_from_file_location("neff_cache_under_test", {cache_py!r})
-cc = importlib.util.module_from_spec(spec); spec.loader.exec_module(cc)
+import os, sys, time
+from torch_neuronx.neuron_dynamo_backend import cache as cc
+from torch_neuronx.runtime.warn import _given as warned
 key, payload, locked = {key!r}, {payload_expr}, {locked!r}
 cache = cc.NeffCache()
 while not os.path.exists({go!r}):
@@ -163,7 +161,7 @@ def _run_writers(tmp_path, monkeypatch, locked, payload_expr):
     if not locked:
         monkeypatch.setenv("NEURON_COMPILATION_CACHE_MAX_ENTRIES", "0")
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER.format(
-        cache_py=CACHE_PY, key=key, payload_expr=payload_expr.format(i=i), locked=locked, go=str(go))],
+        key=key, payload_expr=payload_expr.format(i=i), locked=locked, go=str(go))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(8)]
     time.sleep(0.3)
     go.touch()  # start them together
@@ -241,7 +239,7 @@ def test_lock_timeout_proceeds_without_lock(tmp_path, monkeypatch):
         assert 0.15 < time.monotonic() - start < 2
 
 
-@pytest.mark.parametrize("value", ["1", "TRUE", "yes", " Yes "])
+@pytest.mark.parametrize("value", ["1", "TRUE", "yes", " Yes ", "on", "ON"])
 def test_disable_variable_turns_off_both_tiers(tmp_path, monkeypatch, value):
     monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", value)
     c, key = cc.NeffCache(str(tmp_path / "c")), cc.cache_key("k")
@@ -265,7 +263,7 @@ def test_lru_eviction_by_entries(tmp_path, monkeypatch):
     assert c.get(k[0]) == b"0"  # k0 now most recent; k1 is the LRU victim
     c.put(k[2], b"2")
     assert c.counters["Evictions"] == 1
-    c.reset_counters()
+    c.counters.update(ZERO)  # count from here on
     assert c.get(k[0]) == b"0" and c.get(k[2]) == b"2"
     assert c.counters == counters(InMemoryHits=2)
     assert c.get(k[1]) == b"1"  # evicted from memory, still on disk; promoting it evicts k0
@@ -282,7 +280,7 @@ def test_lru_eviction_by_size(tmp_path, monkeypatch):
     assert c.counters["Evictions"] == 1
     c.put(k[3], b"x" * (2 << 20))  # larger than the whole tier: kept on disk only, evicts nothing
     assert c.counters["Evictions"] == 1
-    c.reset_counters()
+    c.counters.update(ZERO)  # count from here on
     assert c.get(k[0]) == bytes([0]) * 400_000 and c.get(k[3]) == b"x" * (2 << 20)
     assert c.counters == counters(InMemoryMisses=2, PersistentHits=2, Evictions=1)
     assert len(c.entries()) == 4
@@ -332,15 +330,25 @@ def test_cli_list_size_clear(tmp_path, monkeypatch, capsys):
         assert err.startswith("error: ") and err.count("\n") == 1, (bad, err)
 
 
-def test_cli_as_module(tmp_path):
+# The module's name, and its old name (torch_neuronx.compile.cache), which users may have in scripts.
+@pytest.mark.parametrize("module", ["torch_neuronx.neuron_dynamo_backend.cache", "torch_neuronx.compile.cache"])
+def test_cli_as_module(tmp_path, module):
     d = tmp_path / "m"
     cc.NeffCache(str(d)).put(cc.cache_key("x"), b"y" * 2000)
-    r = subprocess.run([sys.executable, "-m", "torch_neuronx.compile.cache", "size", "--dir", str(d)],
+    r = subprocess.run([sys.executable, "-m", module, "size", "--dir", str(d)],
                        capture_output=True, text=True, timeout=120)
-    assert (r.returncode, r.stdout) == (0, f"total 2048 bytes (2.0 KiB) in 1 entries, {d}\n"), r.stderr
-    r = subprocess.run([sys.executable, "-m", "torch_neuronx.compile.cache"], capture_output=True, text=True,
-                       timeout=120)
+    assert (r.returncode, r.stdout) == (0, f"total 2048 bytes (2.00 KiB) in 1 entries, {d}\n"), r.stderr
+    r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("error: "), r.stderr
+
+
+def test_a_bad_disable_variable_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "maybe")
+    with pytest.raises(ValueError, match="TORCH_NEURONX_NEFF_DISABLE_CACHE='maybe' is not a boolean: use 1, true"):
+        cc.NeffCache(str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx.neuron_dynamo_backend.cache", "size", "--dir",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "TORCH_NEURONX_NEFF_DISABLE_CACHE='maybe' is not a boolean" in r.stderr, r.stderr
 
 
 def test_clear_also_removes_inductors_working_cache(tmp_path, capsys):
@@ -352,3 +360,29 @@ def test_clear_also_removes_inductors_working_cache(tmp_path, capsys):
     assert "plus 300 bytes" in capsys.readouterr().out
     assert cc.main(["clear", "--dir", str(d)]) == 0
     assert not (d / cc.INDUCTOR_SUBDIR).exists() and cc.NeffCache(str(d)).entries() == []
+
+
+def test_inductor_cache_dir_is_the_users_only_when_they_chose_it(tmp_path, monkeypatch):
+    """Inductor writes its default into TORCHINDUCTOR_CACHE_DIR when it first needs one, and the backend
+    writes its own: neither is the user's choice, so the backend may (re)place Inductor's cache beside
+    the NEFF entries; any other value is the user's and is kept."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from torch_neuronx.neuron_dynamo_backend import graph_cache
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    ours = str(tmp_path / "neff" / cc.INDUCTOR_SUBDIR)
+    for value in (None, default_cache_dir()):
+        if value is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", value)
+        with graph_cache.inductor_settings():
+            assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == ours
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "other"))  # a new cache: follow it
+    with graph_cache.inductor_settings():
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "other" / cc.INDUCTOR_SUBDIR)
+    chosen = str(tmp_path / "mine")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", chosen)
+    with graph_cache.inductor_settings():
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == chosen

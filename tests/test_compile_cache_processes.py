@@ -14,7 +14,7 @@ SCRIPT = """
     import json, torch
     from torch._dynamo.utils import counters
     from torch_neuronx import neuron_dynamo_backend as backend
-    from torch_neuronx.compile import cache
+    from torch_neuronx.neuron_dynamo_backend import cache
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to("neuron")
     compiled = torch.compile(model, backend="neuron", fullgraph=True, dynamic=False)

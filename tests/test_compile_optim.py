@@ -7,7 +7,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from torch_neuronx import neuron_dynamo_backend as backend
-from torch_neuronx.compile import host_code
+from torch_neuronx.neuron_dynamo_backend import host_graph
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
@@ -137,14 +137,14 @@ def test_buffers_attributes_and_closures_installed_as_graph_attributes_equal_ind
     attributes (real neuron tensors) rather than inputs (as by default, which test_compile.py
     covers); the results are Inductor's, and in-place changes between calls are seen."""
     lifted = []
-    lift = host_code.lift_tensor_attributes
+    lift = host_graph.lift_tensor_attributes
 
     def recording_lift(*args):
         tensors = lift(*args)
         lifted.extend(tensors)
         return tensors
 
-    monkeypatch.setattr(host_code, "lift_tensor_attributes", recording_lift)
+    monkeypatch.setattr(host_graph, "lift_tensor_attributes", recording_lift)
     def run(device):
         torch.manual_seed(0)
         bn_model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 1))
@@ -212,7 +212,7 @@ def test_lifting_never_takes_a_tensor_off_the_users_own_submodule():
 
     traced = torch.fx.symbolic_trace(Model())
     assert {n.op for n in traced.graph.nodes} >= {"call_module", "get_attr"}
-    copy = backend._copy_graph_module(traced)
+    copy = host_graph.copy_graph_module(traced)
     with pytest.raises(NotImplementedError, match="sub.weight"):
-        host_code.lift_tensor_attributes(copy, FakeTensorMode(), traced)
+        host_graph.lift_tensor_attributes(copy, FakeTensorMode(), traced)
     assert isinstance(traced.sub.weight, torch.nn.Parameter)

@@ -83,18 +83,30 @@ def test_taken_privateuse1_under_autoload_warns_and_import_torch_survives(tmp_pa
 
 
 def test_broken_install_under_autoload_warns_and_import_torch_survives():
-    # Simulate a core that fails to load (e.g. built against another torch).
+    # Simulate a core that fails to load (e.g. built against another torch): the loader is pointed
+    # at a file that is no shared library, as soon as its module is imported (during `import torch`).
     r = run("""
-        import sys, types
-        fake = types.ModuleType("torch_neuronx._library")
-        def load():
-            raise ImportError("undefined symbol (simulated)")
-        fake.load = load
-        sys.modules["torch_neuronx._library"] = fake
+        import importlib.abc, importlib.machinery, sys, tempfile
+        broken = tempfile.NamedTemporaryFile(suffix=".so", delete=False)
+        broken.write(b"not a shared library"); broken.close()
+
+        class PointCoreAtBrokenFile(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name != "torch_neuronx.runtime.core":
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                execute = spec.loader.exec_module
+                def exec_module(module):
+                    execute(module)
+                    module.core_path = lambda: broken.name
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, PointCoreAtBrokenFile())
         import torch
         print("imported", hasattr(torch, "neuron"), torch.ones(2).sum().item())
     """, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
     assert r.returncode == 0, r.stderr
     assert "imported False 2.0" in r.stdout
     assert r.stderr.count("failed to register the 'neuron' device") == 1, r.stderr
-    assert "undefined symbol (simulated)" in r.stderr
+    assert "does not load with torch" in r.stderr and "pip install --no-build-isolation" in r.stderr, r.stderr

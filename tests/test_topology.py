@@ -26,12 +26,12 @@ EXPECTED = {
 def test_every_profile_device_count_capacity_and_properties():
     r = run(f"""
         import json, os, torch
-        from torch_neuronx import _registration
+        from torch_neuronx import runtime
         out = {{}}
         for instance, lnc in {list(EXPECTED)!r}:
             os.environ["TORCH_NEURONX_INSTANCE_TYPE"] = instance
             os.environ["NEURON_LOGICAL_NC_CONFIG"] = str(lnc)
-            _registration.apply_topology()
+            runtime.apply_topology()
             last = torch.neuron.device_count() - 1
             p = torch.neuron.get_device_properties(last)
             out[f"{{instance}}/{{lnc}}"] = [torch.neuron.device_count(), torch.accelerator.device_count(),
@@ -100,13 +100,13 @@ BAD_CASES = [
 # Walks environments in one interpreter: apply_topology re-reads them until the runtime initializes.
 WALK = """
     import json, os, sys, torch
-    from torch_neuronx import _registration
+    from torch_neuronx import runtime
     out = []
     for env in json.loads(sys.argv[1]):
         for name in {variables!r}:
             os.environ.pop(name, None)
         os.environ.update(env)
-        _registration.apply_topology()
+        runtime.apply_topology()
         row = [torch.neuron.is_available()]
         for use in ({uses}):
             try:
@@ -181,11 +181,11 @@ def test_device_memory_override_and_units():
 def test_topology_cannot_change_after_initialization():
     r = run("""
         import os, torch
-        from torch_neuronx import _registration
+        from torch_neuronx import runtime
         torch.ones(1, device="neuron")
         os.environ["NEURON_RT_VISIBLE_CORES"] = "1"
         try:
-            _registration.apply_topology()
+            runtime.apply_topology()
         except RuntimeError as error:
             print(error)
         print(torch.neuron.device_count())

@@ -84,7 +84,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         fake_mode = detect_fake_mode(example_inputs)
         if observer is not None:
             observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
-        host_gm = _copy_graph_module(gm)  # Dynamo still reads gm's inputs after we return
+        host_gm = host_graph.copy_graph_module(gm)  # Dynamo still reads gm's inputs after we return
         lifted = host_graph.lift_tensor_attributes(host_gm, fake_mode, gm)
         host_graph.rewrite_to_cpu(host_gm, fake_mode)
         lifted_fakes = [n.meta["example_value"] for n in host_gm.graph.find_nodes(op="placeholder")][:len(lifted)]
@@ -139,23 +139,6 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs,
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_plain, inference_compiler=compile_plain,
                                  decompositions=select_decomp_table(), keep_inference_input_mutations=True)
-
-
-def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of Dynamo's graph to rewrite for the host, with what AOTAutograd reads from Dynamo
-    (the graph's meta, its parameters' and each input's source). Each node's meta dict is a
-    shallow copy: the rewrite replaces its values, never mutates them."""
-    graph = torch.fx.Graph()
-    copied: dict[torch.fx.Node, torch.fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, copied))
-    copy = torch.fx.GraphModule(gm, graph)
-    copy.meta.update(gm.meta)
-    if hasattr(gm, "_param_name_to_source"):
-        copy._param_name_to_source = gm._param_name_to_source
-    for node, new in copied.items():
-        if hasattr(node, "_dynamo_source"):
-            new._dynamo_source = node._dynamo_source
-    return copy
 
 
 def create_neuron_backend(**options) -> Callable:

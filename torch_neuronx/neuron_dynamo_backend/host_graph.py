@@ -46,6 +46,23 @@ def _cpu_fake(value: Any, fake_mode, keep_grad: bool = False) -> Any:
     return cpu
 
 
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of Dynamo's graph to rewrite for the host, with what AOTAutograd reads from Dynamo
+    (the graph's meta, its parameters' and each input's source). Each node's meta dict is a
+    shallow copy: the rewrite replaces its values, never mutates them."""
+    graph = torch.fx.Graph()
+    copied: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copied))
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        copy._param_name_to_source = gm._param_name_to_source
+    for node, new in copied.items():
+        if hasattr(node, "_dynamo_source"):
+            new._dynamo_source = node._dynamo_source
+    return copy
+
+
 def rewrite_to_cpu(gm: torch.fx.GraphModule, fake_mode) -> None:
     """Make ``gm`` a CPU graph: device arguments and each node's fake value move to CPU."""
     for node in gm.graph.nodes:
