@@ -11,11 +11,13 @@ and the working paths we name.
   on Trainium too. :data:`SAFETENSORS_FIX` names the working paths.
 
 Diagnostics listen here (:func:`listen`) to put these in the readiness report; this module imports
-nothing of the project, so the device module can use it.
+only the runtime layer, so the device module can use it.
 """
 from __future__ import annotations
 
 from typing import Callable
+
+from torch_neuronx.runtime import BACKEND_NAME
 
 INDUCTOR_FIX = (
     'compile with backend="neuron" (torch.compile(model, backend="neuron"), model.compile(backend="neuron"), '
@@ -78,4 +80,4 @@ NO_INDUCTOR_BACKEND = {name: _NoInductorBackend(name) for name in INDUCTOR_HOOK_
 def is_neuron_device_arg(device) -> bool:
     """Whether a safetensors ``device`` argument names neuron by its name (which safetensors rejects)."""
     text = device.type if hasattr(device, "type") and not isinstance(device, str) else device
-    return isinstance(text, str) and text.split(":", 1)[0] in ("neuron", "privateuseone")
+    return isinstance(text, str) and text.split(":", 1)[0] in (BACKEND_NAME, "privateuseone")
