@@ -26,6 +26,8 @@ KINDS = {
                           "either: compile with backend=\"neuron\"",
     "safetensors-device": "safetensors rejects device=\"neuron\" (its device list is fixed), on Trainium too: "
                           "load to CPU then .to(\"neuron\"), or pass device=0",
+    "stablehlo-lowering": "the compiled graph does not lower to StableHLO, so neuronx-cc never gets it: the "
+                          "compile fails on Trainium",
     "cpu-fallback": "TorchNeuron runs this op on the CPU (a host round trip per call)",
     "float64": "Trainium has no float64: TorchNeuron computes it in float32",
     "int64-range": "TorchNeuron computes int64 in 32 bits: these values do not fit",

@@ -63,6 +63,9 @@ class CompiledGraph:
     name: str
     ops: list[tuple[str, tuple[TensorMeta, ...], tuple[TensorMeta, ...]]]
     error: str = ""
+    stablehlo_ops: Counter = field(default_factory=Counter)  # by kind, over its forward/backward parts
+    lowering_s: float = 0.0
+    lowering: str = "not lowered"  # "lowered", "failed", or why it was not checked
 
 
 class Collector:
@@ -288,8 +291,35 @@ def count_calls(name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def record_lowering(name: str, result: Any, seconds: float) -> None:
+    """A part of compiled graph ``name`` lowered to StableHLO (its op counts), or the error that
+    stopped it: an op that does not lower becomes a ``stablehlo-lowering`` finding at its line."""
+    collector = _collector
+    if collector is None:
+        return
+    with collector.lock:
+        graph = collector.graphs.get(name)
+        if graph is None:
+            graph = collector.graphs[name] = CompiledGraph(name, [])
+        graph.lowering_s += seconds
+        counts = getattr(result, "op_counts", None)
+        if counts is not None:
+            graph.stablehlo_ops.update(counts)
+            if graph.lowering != "failed":
+                graph.lowering = "lowered"
+            return
+        if hasattr(result, "stage"):  # lowering.LoweringError
+            graph.lowering = "failed"
+        else:
+            graph.lowering = f"not checked: {result}"[:300]
+    if hasattr(result, "stage"):
+        site = result.site or f"{findings.user_site()[0]} (compiled)"
+        collector.detector.add("stablehlo-lowering", result.op, site, f"stage {result.stage}: {result.detail}"[:300])
+
+
 class _CompiledGraphHook:
     """What the compiler calls while collecting (see torch_neuronx.runtime.hooks)."""
 
     record_compiled_graph = staticmethod(record_compiled_graph)
     count_calls = staticmethod(count_calls)
+    record_lowering = staticmethod(record_lowering)

@@ -222,7 +222,8 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
     report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
         {"name": name, "ops": len(g.ops), "calls": sum(p[3].get(name, 0) for p in phases),
-         "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error}
+         "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error,
+         "lowering": g.lowering, "lowering_s": g.lowering_s, "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
         for name, g in graphs.items()]
     found = collector.detector.collected() + findings.compile_findings(collector.known_compile_ids) + found
     order = list(findings.KINDS)

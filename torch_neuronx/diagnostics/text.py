@@ -35,6 +35,7 @@ def render(report) -> str:
                      "in TorchNeuron's eager mode (its first-run warm-up)")
         lines.append(f"Compiled graphs: {len(report.compiled_graphs)} (one NEFF each); host<->device transfers and .item(): "
                      f"{report.host_syncs}")
+        lines.extend(_lowering_lines(report.compiled_graphs))
     lines.append("")
 
     lines.append(f"Findings ({len(report.findings)}):")
@@ -70,3 +71,18 @@ def render(report) -> str:
     lines.append("Assumptions:")
     lines.extend(f"  - {a}" for a in report.assumptions)
     return "\n".join(lines)
+
+
+def _lowering_lines(graphs: list[dict]) -> list[str]:
+    """Each compiled graph lowered to StableHLO as TorchNeuron lowers it: its ops by kind, and the time."""
+    if not graphs:
+        return []
+    total = sum(g.get("lowering_s", 0.0) for g in graphs)
+    lines = [f"StableHLO lowering (TorchNeuron's front end, torch-mlir): {total:.2f} s for {len(graphs)} graph(s)"]
+    for g in graphs:
+        kinds = g.get("stablehlo_ops") or {}
+        ops = ", ".join(f"{name.removeprefix('stablehlo.')} {n}" for name, n in
+                        sorted(kinds.items(), key=lambda item: -item[1])[:8])
+        lines.append(f"  {g['name']}: {g.get('lowering', 'not lowered')}"
+                     + (f", {sum(kinds.values())} ops ({ops}{', ...' if len(kinds) > 8 else ''})" if kinds else ""))
+    return lines

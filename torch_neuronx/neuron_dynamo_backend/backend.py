@@ -22,9 +22,10 @@ from typing import Any, Callable
 import torch
 import torch._dynamo
 
-from torch_neuronx.neuron_dynamo_backend import config, executor, graph_cache, host_graph, metrics as graph_metrics
+from torch_neuronx.neuron_dynamo_backend import artifacts, config, executor, faithful, graph_cache, host_graph
+from torch_neuronx.neuron_dynamo_backend import metrics as graph_metrics
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
-from torch_neuronx.runtime import hooks
+from torch_neuronx.runtime import hooks, warn_once
 
 # Static shapes, as TorchNeuron: a new shape compiles a new graph instead of a dynamic one.
 torch._dynamo.config.automatic_dynamic_shapes = False
@@ -64,10 +65,15 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
 
     options = _check_arguments(example_inputs, mode, options)
     fallback_allowed = config.fallback_allowed(options)
+    chosen_executor = config.executor(options)
+    model_name = options.get("model_name", config.get_model_name())
+    settings = faithful.CompileSettings(model_name, config.compiler_args(options))
     metrics = graph_metrics.new_graph(
-        model_name=options.get("model_name", config.get_model_name()), has_collectives=_has_collectives(gm),
+        model_name=model_name, has_collectives=_has_collectives(gm),
         graph_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"))
     observer = hooks.compiled_graph_observer  # diagnostics, when they observe: cost each call of this graph
+    if observer is not None:
+        settings.on_lowered = functools.partial(observer.record_lowering, metrics.graph_name)
     try:
         start = time.perf_counter()
         if _has_subclasses(example_inputs):
@@ -90,13 +96,23 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         lifted_fakes = [n.meta["example_value"] for n in host_gm.graph.find_nodes(op="placeholder")][:len(lifted)]
         cpu_inputs = host_graph.cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode)
         rewritten = time.perf_counter()
-        key = graph_cache.graph_key(host_gm, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
-        with graph_cache.inductor_settings(graph_cache.inputs_share_storage(cpu_inputs)):
-            compiled, hit, compile_s = graph_cache.compile_with_cache(key, lambda: compile_fx(host_gm, cpu_inputs))
         metrics.fx_passes_us = (rewritten - start) * 1e6
-        metrics.lower_us = (time.perf_counter() - rewritten - compile_s) * 1e6
-        metrics.compile_us = compile_s * 1e6
-        metrics.cache = "hit" if hit else "miss"
+        if chosen_executor == "xla":
+            stats = faithful.CompileStats()
+            compiled = faithful.compile_for_xla(host_gm, cpu_inputs, settings, stats)
+            metrics.lower_us = stats.lower_s * 1e6
+            metrics.compile_us = (time.perf_counter() - rewritten - stats.lower_s) * 1e6
+            metrics.cache = "hit" if stats.graphs and stats.hits == stats.graphs else "miss"
+        else:
+            if settings.on_lowered is not None or artifacts.preserved():
+                _check_lowering(host_gm, cpu_inputs, settings)
+            key = graph_cache.graph_key(host_gm, cpu_inputs, {"grad_enabled": torch.is_grad_enabled()})
+            with graph_cache.inductor_settings(graph_cache.inputs_share_storage(cpu_inputs)):
+                compiled, hit, compile_s = graph_cache.compile_with_cache(
+                    key, lambda: compile_fx(host_gm, cpu_inputs))
+            metrics.lower_us = (time.perf_counter() - rewritten - compile_s) * 1e6
+            metrics.compile_us = compile_s * 1e6
+            metrics.cache = "hit" if hit else "miss"
     except Exception as error:
         if not fallback_allowed:
             raise NEFFCompilationError(
@@ -107,8 +123,22 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                       "running it eagerly", RuntimeWarning, stacklevel=2)
         metrics.fell_back = True
         return gm.forward  # the neuron graph, run eagerly
-    call = executor.run_graph_on_neuron(compiled, lifted)
+    call = executor.apply_device_rules(executor.run_graph_on_neuron(compiled, lifted), config.refuse_cpu_inputs(),
+                                       config.retain_device_mode())
     return call if observer is None else observer.count_calls(metrics.graph_name, call)
+
+
+def _check_lowering(host_gm: torch.fx.GraphModule, cpu_inputs, settings: faithful.CompileSettings) -> None:
+    """Lower the graph as TorchNeuron would, beside Inductor's code, for the readiness report and the
+    artifacts. Whatever happens here, the graph still compiles and runs."""
+    try:
+        faithful.lower_for_readiness(host_graph.copy_graph_module(host_gm), cpu_inputs, settings)
+    except Exception as error:  # noqa: BLE001 - a check, never a failure of the compile
+        if settings.on_lowered is not None:
+            settings.on_lowered(error, 0.0)
+        else:
+            warn_once(("lowering", type(error).__name__), f"torch_neuronx: {artifacts.PRESERVE_ENV} is set, but "
+                      f"the graph could not be lowered to StableHLO: {error}")
 
 
 def _has_subclasses(example_inputs) -> bool:

@@ -109,3 +109,29 @@ def run_graph_on_neuron(compiled: Callable, leading: Sequence[torch.Tensor] = ()
         return _map_back(flat, slots, leave([flat[i] for i in slots]), spec)
 
     return call
+
+
+def apply_device_rules(call: Callable, refuse_cpu_inputs: bool, retain_device: bool) -> Callable:
+    """TorchNeuron's input-device rules around a compiled graph's entry. A CPU tensor input is read in
+    place here (TorchNeuron copies it to the device first: the same numbers). With ``refuse_cpu_inputs``
+    it raises instead; with ``retain_device``, outputs of a call whose inputs are all on CPU come back
+    on CPU, and inputs on several devices raise."""
+    if not (refuse_cpu_inputs or retain_device):
+        return call
+
+    def checked(*args):
+        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+        if refuse_cpu_inputs:
+            for index, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and a.device.type == "cpu":
+                    raise RuntimeError(f"Input tensor at index {index} is on cpu device, expected {BACKEND_NAME}. "
+                                       f"Move tensor to Neuron device first with tensor.to('{BACKEND_NAME}')")
+        if retain_device and len(devices) > 1:
+            raise NEFFExecutionError(f"cannot mix input devices with TORCH_NEURONX_RETAIN_DEVICE_MODE=1, got "
+                                     f"{' and '.join(sorted(devices))}")
+        outputs = call(*args)
+        if retain_device and devices == {"cpu"}:
+            return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("cpu"), outputs)
+        return outputs
+
+    return checked

@@ -15,6 +15,10 @@ class CompiledGraphObserver(Protocol):
     def count_calls(self, graph_name: str, call: Callable) -> Callable:
         """Wrap the compiled graph's entry so each call is recorded."""
 
+    def record_lowering(self, graph_name: str, result: Any, seconds: float) -> None:
+        """The graph (one of its forward/backward parts) lowered to StableHLO, or the error that
+        stopped it (an op that does not lower, or torch-mlir missing)."""
+
 
 compiled_graph_observer: CompiledGraphObserver | None = None
 

@@ -1,0 +1,183 @@
+"""TorchNeuron's compiled path, followed faithfully: AOTAutograd with TorchNeuron's decompositions,
+each forward/backward graph lowered to StableHLO (:mod:`.lowering`), then either run by XLA:CPU
+(the ``xla`` executor) or only lowered, as a readiness check beside Inductor's code.
+
+Before lowering, a graph is shaped as TorchNeuron shapes it, without changing what it computes:
+copies into its inputs (optimizer updates, running statistics) become extra results written back
+after the call, and ``None`` results (gradients nobody needs) are dropped and restored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import torch
+
+from torch_neuronx.neuron_dynamo_backend import artifacts, lowering, xla_executor
+from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
+from torch_neuronx.neuron_dynamo_backend.decompositions import decomposition_table
+from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
+from torch_neuronx.version import __version__
+
+EXECUTOR_FORMAT = "1"  # bump when what is cached for the xla executor changes
+
+
+@dataclasses.dataclass
+class CompileSettings:
+    model_name: str | None
+    compiler_args: list[str]
+    on_lowered: Callable[[Any, float], None] | None = None  # (LoweredGraph or the error, seconds): diagnostics
+
+
+@dataclasses.dataclass
+class CompileStats:
+    """What compiling one Dynamo graph cost, over its AOTAutograd graphs."""
+    graphs: int = 0
+    hits: int = 0
+    lower_s: float = 0.0
+    compile_s: float = 0.0
+
+
+@dataclasses.dataclass
+class _Shaped:
+    gm: torch.fx.GraphModule
+    mutated_inputs: list[int]  # input index written by each extra result, in order
+    results: int  # the graph's own results, None ones included
+    none_results: list[int]
+    result_dtypes: list[torch.dtype]
+
+
+def _shape_for_lowering(gm: torch.fx.GraphModule) -> _Shaped:
+    """Move copies into inputs to extra results and drop None results (``gm`` is changed)."""
+    graph = gm.graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    output = graph.find_nodes(op="output")[0]
+    results = list(output.args[0])
+    mutated, extra = [], []
+    for node in list(graph.nodes):
+        if (node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+                and node.args[0] in placeholders):
+            mutated.append(placeholders.index(node.args[0]))
+            extra.append(node.args[1])
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    none_results = [i for i, r in enumerate(results) if r is None]
+    kept = [r for r in results if r is not None]
+    dtypes = [r.meta["val"].dtype for r in [*kept, *extra]]
+    output.args = (tuple([*kept, *extra]),)
+    gm.recompile()
+    return _Shaped(gm, mutated, len(results), none_results, dtypes)
+
+
+def _key(gm: torch.fx.GraphModule, example_inputs) -> str:
+    import jax
+    import torch_mlir
+
+    inputs = [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
+              for t in example_inputs]
+    return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True), repr(inputs), "xla",
+                                EXECUTOR_FORMAT, torch.__version__, __version__, jax.__version__,
+                                getattr(torch_mlir, "__version__", "torch-mlir"),
+                                ",".join(xla_executor.DISABLED_XLA_PASSES))
+
+
+def _lower(shaped: _Shaped, settings: CompileSettings) -> lowering.LoweredGraph:
+    start = time.perf_counter()
+    try:
+        lowered = lowering.lower(shaped.gm)
+    except lowering.LoweringError as error:
+        if settings.on_lowered is not None:
+            settings.on_lowered(error, time.perf_counter() - start)
+        raise
+    if settings.on_lowered is not None:
+        settings.on_lowered(lowered, lowered.seconds)
+    if artifacts.preserved():
+        artifacts.write(settings.model_name, shaped.gm.print_readable(print_output=False), lowered.torch_mlir,
+                        lowered.stablehlo, settings.compiler_args)
+    return lowered
+
+
+def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
+             stats: CompileStats) -> xla_executor.XlaProgram:
+    """The XLA program of a shaped graph: from the compile cache, or lowered and compiled (and stored)."""
+    cache = neff_cache.get_cache()
+    key = _key(shaped.gm, example_inputs)
+    with cache.compile_lock(key):
+        payload = cache.get(key)
+        if payload is not None:
+            try:
+                start = time.perf_counter()
+                program, stablehlo = xla_executor.deserialize(payload)
+                stats.hits += 1
+                stats.compile_s += time.perf_counter() - start
+                if settings.on_lowered is not None or artifacts.preserved():
+                    _lower(shaped, settings)  # the report and the artifacts want the lowering itself
+                return program
+            except Exception as error:  # noqa: BLE001 - a bad entry is recompiled, never fatal
+                import warnings
+
+                warnings.warn(f"[NEFF_CACHE] could not load compile cache entry {key} ({error!r}); recompiling",
+                              RuntimeWarning, stacklevel=2)
+        lowered = _lower(shaped, settings)
+        stats.lower_s += lowered.seconds
+        start = time.perf_counter()
+        program = xla_executor.compile_program(lowered.stablehlo, lowered.input_dtypes, shaped.result_dtypes)
+        stats.compile_s += time.perf_counter() - start
+        cache.record_compilation()
+        if cache.enabled:
+            cache.put(key, xla_executor.serialize(program, lowered.stablehlo))
+        return program
+
+
+def _runner(shaped: _Shaped, program: xla_executor.XlaProgram) -> Callable:
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    kept = shaped.results - len(shaped.none_results)
+
+    def run(*args):
+        results = program(args)
+        for index, value in zip(shaped.mutated_inputs, results[kept:]):
+            args[index].copy_(value)
+        outputs = iter(results[:kept])
+        return [None if i in shaped.none_results else next(outputs) for i in range(shaped.results)]
+
+    return make_boxed_func(run)
+
+
+def compile_for_xla(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings,
+                    stats: CompileStats) -> Callable:
+    """``gm`` (Dynamo's graph, made CPU) compiled TorchNeuron's way and run by XLA:CPU."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    lowering.require_torch_mlir()
+    xla_executor.require_jax()
+
+    def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs) -> Callable:
+        stats.graphs += 1
+        shaped = _shape_for_lowering(aot_gm)
+        try:
+            program = _program(shaped, aot_inputs, settings, stats)
+        except lowering.LoweringError as error:  # a backward graph is compiled at the first backward
+            raise NEFFCompilationError(str(error)) from error
+        return _runner(shaped, program)
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_one, bw_compiler=compile_one,
+                                 decompositions=decomposition_table(), keep_inference_input_mutations=True)
+
+
+def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings) -> None:
+    """Lower ``gm``'s forward graph the way TorchNeuron would, for the report and the artifacts only:
+    its result goes to ``settings.on_lowered``; nothing is compiled or run."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs) -> Callable:
+        try:
+            _lower(_shape_for_lowering(aot_gm), settings)
+        except lowering.LoweringError:
+            pass  # reported through on_lowered
+        return aot_gm.forward
+
+    with torch.no_grad():
+        aot_module_simplified(gm, example_inputs, fw_compiler=lower_one, decompositions=decomposition_table(),
+                              keep_inference_input_mutations=True)

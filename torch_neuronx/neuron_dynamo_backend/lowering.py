@@ -1,0 +1,201 @@
+"""TorchNeuron's front end: an FX graph, as AOTAutograd hands it over, lowered to StableHLO.
+
+The stages are TorchNeuron's: torch-mlir's ``FxImporter`` turns the graph into the torch dialect
+(``import``), torch-mlir's pipeline takes it to the torch backend IR (``torch-backend``: shape and
+dtype refinement, torch-mlir's own decompositions) and then to StableHLO (``stablehlo``); then
+TorchNeuron's semantic pass runs on the StableHLO module (:mod:`.stablehlo_passes`). neuronx-cc
+would take the result; here XLA:CPU can run it (:mod:`.xla_executor`).
+
+Every op keeps its source location (the user's file and line, from the FX node's stack trace).
+A graph that does not lower raises :class:`LoweringError` naming the op, the stage and that line.
+torch-mlir is an optional dependency (the ``faithful`` extra); it is imported on first use.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import linecache
+import re
+import time
+
+import torch
+
+INSTALL_HINT = ('pip install --no-build-isolation "torch-neuronx-cpu[faithful]" (torch-mlir==20261001 and '
+                'jax==0.10.2)')
+_TO_BACKEND_PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
+                        "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})")
+_TO_STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=true})"
+_LOCATION = re.compile(r'loc\("(?P<file>[^"]+)":(?P<line>\d+):\d+\)')
+_OP_NAMES = (re.compile(r'name = "torch\.(?P<op>aten\.[\w.]+)"'), re.compile(r"operation '(?:torch\.)?(?P<op>[\w.]+)'"),
+             re.compile(r"\b(?P<op>aten[.:]+[\w.]+)"))
+
+
+class FrontEndMissing(ImportError):
+    """torch-mlir (or jax, for the xla executor) is not installed."""
+
+
+class LoweringError(RuntimeError):
+    """A graph that does not lower to StableHLO: what a NEFF compile would refuse on Trainium."""
+
+    def __init__(self, op: str, stage: str, site: str, detail: str):
+        self.op, self.stage, self.site, self.detail = op, stage, site, detail
+        where = f" at {site}" if site else ""
+        super().__init__(f"{op}{where} does not lower to StableHLO (stage: {stage}): {detail}")
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    name: str
+    torch_mlir: str  # the torch dialect, as imported (TorchNeuron's *.torch_raw.mlir)
+    stablehlo: str  # the program for the compiler, with source locations
+    op_counts: dict[str, int]  # StableHLO ops by kind
+    input_dtypes: list[torch.dtype]  # what the program's parameters hold (float64 narrowed)
+    seconds: float
+
+
+def require_torch_mlir():
+    try:
+        import torch_mlir.extras.fx_importer  # noqa: F401
+        from torch_mlir import ir  # noqa: F401
+    except ImportError as error:
+        raise FrontEndMissing(f"lowering to StableHLO needs torch-mlir, which is not installed ({error}). "
+                              f"Install it with: {INSTALL_HINT}") from error
+
+
+def site_of(node: torch.fx.Node | None) -> str:
+    """The user's file:line that produced ``node`` (the last frame of its stack trace)."""
+    trace = node.meta.get("stack_trace") if node is not None else None
+    if not trace:
+        return ""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+
+
+def with_source(site: str) -> str:
+    """``file:line`` followed by that line's code, when the file is readable."""
+    if not site or ":" not in site:
+        return site
+    path, _, line = site.rpartition(":")
+    code = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
+    return f"{site} ({code})" if code else site
+
+
+def _op_name(message: str) -> str:
+    for pattern in _OP_NAMES:
+        match = pattern.search(message)
+        if match:
+            return match.group("op")
+    return "an op"
+
+
+def _first_error(diagnostics: list[tuple[str, str]], fallback: str) -> tuple[str, str]:
+    """(location, message) of the first error MLIR reported, else ("", fallback)."""
+    for location, message in diagnostics:
+        if message:
+            return location, message
+    return "", fallback
+
+
+def _site_of_location(location: str) -> str:
+    match = _LOCATION.search(location)
+    return f"{match.group('file')}:{match.group('line')}" if match else ""
+
+
+def _count_ops(module) -> dict[str, int]:
+    counts: collections.Counter = collections.Counter()
+
+    def visit(op):
+        name = op.operation.name
+        if name not in ("builtin.module", "func.func", "func.return"):
+            counts[name] += 1
+        return _WALK_ADVANCE
+
+    module.operation.walk(visit)
+    return dict(sorted(counts.items()))
+
+
+_WALK_ADVANCE = None  # set on first use: torch_mlir.ir.WalkResult.ADVANCE
+
+
+def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
+    """Lower ``gm`` (an FX graph of aten ops on fake or real tensors, with ``val`` metadata) to
+    StableHLO, TorchNeuron's way. Raises LoweringError for an op that does not lower."""
+    global _WALK_ADVANCE
+    require_torch_mlir()
+    from torch_mlir import ir
+    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
+    from torch_mlir.dialects import torch as torch_dialect
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    from torch_neuronx.neuron_dynamo_backend import stablehlo_passes
+
+    _WALK_ADVANCE = ir.WalkResult.ADVANCE
+    start = time.perf_counter()
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    diagnostics: list[tuple[str, str]] = []
+
+    def collect(diagnostic) -> bool:  # handled: MLIR prints nothing to stderr
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
+            diagnostics.append((str(diagnostic.location), diagnostic.message))
+        return True
+
+    handler = context.attach_diagnostic_handler(collect)
+    try:
+        importer = FxImporter(context=context)
+        try:
+            importer.import_stateless_graph(gm.graph, func_name=name)
+        except Exception as error:  # an op or a type the importer does not know
+            node = _failing_node(gm, error)
+            raise LoweringError(node_op(node) if node is not None else _op_name(str(error)), "import",
+                                with_source(site_of(node)), f"{type(error).__name__}: {error}") from error
+        module = importer.module
+        with context, ir.Location.unknown():
+            raw = module.operation.get_asm(enable_debug_info=True)
+        for stage, pipeline in (("torch-backend", _TO_BACKEND_PIPELINE), ("stablehlo", _TO_STABLEHLO_PIPELINE)):
+            diagnostics.clear()
+            try:
+                run_pipeline_with_repro_report(module, pipeline, f"Lowering to {stage}")
+            except Exception as error:
+                location, message = _first_error(diagnostics, str(error).strip().splitlines()[0])
+                raise LoweringError(_op_name(message), stage, with_source(_site_of_location(location)),
+                                    message.splitlines()[0]) from None
+        stablehlo_passes.run(module, context)
+        text = module.operation.get_asm(enable_debug_info=True)
+        counts = _count_ops(module)
+        inputs = _parameter_dtypes(module)
+    finally:
+        handler.detach()
+    return LoweredGraph(name, raw, text, counts, inputs, time.perf_counter() - start)
+
+
+_ELEMENT_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
+                   "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "ui8": torch.uint8,
+                   "i1": torch.bool}
+
+
+def _parameter_dtypes(module) -> list[torch.dtype]:
+    main = next(op for op in module.body.operations if op.operation.name == "func.func")
+    dtypes = []
+    for argument in main.operation.regions[0].blocks[0].arguments:
+        type_ = argument.type.maybe_downcast()
+        element = str(getattr(type_, "element_type", type_))
+        if element not in _ELEMENT_DTYPES:
+            raise LoweringError("an input", "stablehlo", "", f"the program takes {type_} values, which the xla "
+                                "executor does not pass")
+        dtypes.append(_ELEMENT_DTYPES[element])
+    return dtypes
+
+
+def node_op(node: torch.fx.Node) -> str:
+    target = node.target
+    return str(getattr(target, "_name", None) or getattr(target, "__name__", target)).replace("::", ".")
+
+
+def _failing_node(gm: torch.fx.GraphModule, error: Exception) -> torch.fx.Node | None:
+    """The node whose op the importer named in ``error``, if any."""
+    text = str(error)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node_op(node).split(".")[-2:][0] in text:
+            return node
+    return None
