@@ -142,7 +142,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
 
     handler = context.attach_diagnostic_handler(collect)
     try:
-        importer = FxImporter(context=context)
+        importer = FxImporter(context=context, hooks=_dense_literals())
         try:
             importer.import_stateless_graph(gm.graph, func_name=name)
         except Exception as error:  # an op or a type the importer does not know
@@ -185,6 +185,27 @@ def _parameter_dtypes(module) -> list[torch.dtype]:
                                 "executor does not pass")
         dtypes.append(_ELEMENT_DTYPES[element])
     return dtypes
+
+
+def _dense_literals():
+    """Importer hooks that inline tensor constants as dense elements, as TorchNeuron's importer does:
+    the stock importer's ``dense_resource`` blobs are refused by XLA ("Only dense elements attr are
+    supported"), as by neuronx-cc."""
+    import numpy
+    from torch_mlir import ir
+    from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_NPY_TYPE, FxImporterHooks, create_mlir_tensor_type
+
+    class DenseLiterals(FxImporterHooks):
+        def resolve_literal(self, gni, literal, info):
+            if not isinstance(literal, torch.Tensor) or literal.dtype not in TORCH_DTYPE_TO_NPY_TYPE:
+                return None
+            values = numpy.array(literal.tolist()).astype(TORCH_DTYPE_TO_NPY_TYPE[literal.dtype])
+            elements = ir.DenseElementsAttr.get(values.reshape(tuple(literal.shape)),
+                                                type=create_mlir_tensor_type(literal))
+            return ir.Operation.create(name="torch.vtensor.literal", results=[gni._cc.tensor_to_vtensor_type(literal)],
+                                       attributes={"value": elements}).result
+
+    return DenseLiterals()
 
 
 def node_op(node: torch.fx.Node) -> str:
