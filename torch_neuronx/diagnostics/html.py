@@ -88,6 +88,10 @@ def render(report) -> str:
         "<h2>Memory timeline</h2>", memory_chart(report.memory_timeline, capacity),
         _table(["device", "peak", "emulated capacity"],
                [[m.device, format_bytes(m.peak_bytes), format_bytes(m.emulated_capacity_bytes)] for m in report.memory]),
+        "<h2>Compiled graphs lowered to StableHLO</h2>",
+        _table(["graph", "lowering", "StableHLO ops", "lowering s"],
+               [[g["name"], g.get("lowering", ""), sum((g.get("stablehlo_ops") or {}).values()),
+                 round(g.get("lowering_s", 0.0), 3)] for g in report.compiled_graphs]),
         f"<h2>Findings ({len(report.findings)})</h2>",
         _table(["kind", "op", "count", "where", "what it means"], finding_rows) if finding_rows
         else "<p>None.</p>",
