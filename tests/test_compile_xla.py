@@ -1,0 +1,435 @@
+"""Faithful compiled mode: TorchNeuron's front end (FX -> torch-mlir -> StableHLO) and the ``xla``
+executor (XLA:CPU), its errors, artifacts, cache, TorchNeuron's device rules for compiled graphs
+and the readiness report's StableHLO lowering. CPU eager is the oracle; the ``xla`` executor is
+compared within float32 tolerances (see ``FLOAT32``), the default ``inductor`` one exactly."""
+import copy
+import inspect
+import os
+import re
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+import torch_neuronx
+from torch_neuronx import diagnostics
+from torch_neuronx import neuron_dynamo_backend as backend
+from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError, xla_executor
+
+from helpers import isolated
+from helpers.oracle import assert_same
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+N = "neuron"
+EXECUTOR_ENV = "TORCH_NEURONX_COMPILE_EXECUTOR"
+# XLA:CPU sums dot products and reductions in its own order (its own GEMM blocking, fused
+# reductions), so float32 results differ from ATen's by reassociation only: a few ulps of the
+# partial sums. The models here have fan-ins of at most 64 and values of order 1, so a relative
+# error of 1e-5 (about 80 float32 ulps) and an absolute one of 1e-6 (for values near zero) bound
+# it while any wrong op (a dropped bias, a wrong transpose, float64 narrowed where it should not
+# be) is orders of magnitude larger.
+FLOAT32 = {"rtol": 1e-5, "atol": 1e-6}
+# Gradients go through two matmuls more (and the loss's mean over the batch): a little more room.
+FLOAT32_GRADS = {"rtol": 1e-5, "atol": 1e-5}
+TIMESTAMP = r"\d{8}_\d{6}_\d{6}"
+
+
+def here(offset: int = 0) -> str:
+    """'this_file:line' of the caller's line plus ``offset``: where an error or finding must point."""
+    frame = inspect.currentframe().f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno + offset}"
+
+
+@pytest.fixture
+def xla_compiles(monkeypatch):
+    """Counts XLA compilations: proof that a graph really ran through the xla executor."""
+    calls = []
+    real = xla_executor.compile_program
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(xla_executor, "compile_program", counted)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    """Each test starts from TorchNeuron's defaults for the variables this file is about."""
+    for name in (EXECUTOR_ENV, "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "TORCH_NEURONX_DEBUG_DIR",
+                 "TORCH_NEURONX_RETAIN_DEVICE_MODE", "TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY",
+                 "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "NEURON_CC_FLAGS", "TORCH_NEURONX_REPORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def compile_xla(fn, way, monkeypatch, **options):
+    """``fn`` compiled by the neuron backend with the xla executor chosen ``way`` ("env" or "option")."""
+    if way == "env":
+        monkeypatch.setenv(EXECUTOR_ENV, "xla")
+        return torch.compile(fn, backend="neuron", options=options or None)
+    return torch.compile(fn, backend="neuron", options={"executor": "xla", **options})
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+def assert_compiled():
+    metrics = backend.get_dynamo_metrics()
+    assert metrics and not any(m["fell_back"] for m in metrics)
+
+
+# ---- the xla executor against CPU eager ---------------------------------------------------------
+@pytest.mark.parametrize("way", ["env", "option"])
+def test_mlp_forward_and_training_step_match_cpu(way, monkeypatch, xla_compiles):
+    model = mlp()
+    x, target = torch.randn(4, 16), torch.randn(4, 8)
+    with torch.no_grad():
+        expected = model(x)
+    F.mse_loss(model(x), target).backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+
+    neuron_model = mlp().to(N)
+    compiled = compile_xla(neuron_model, way, monkeypatch)
+    with torch.no_grad():
+        assert_same(compiled(x.to(N)), expected, **FLOAT32)
+    loss = F.mse_loss(compiled(x.to(N)), target.to(N))
+    loss.backward()
+    assert_same(loss.detach(), F.mse_loss(expected, target), **FLOAT32)
+    assert_same([p.grad for p in neuron_model.parameters()], expected_grads, **FLOAT32_GRADS)
+    assert_compiled()
+    # inference forward, training forward and its backward: three programs, all XLA's
+    assert len(xla_compiles) == 3
+
+
+def encoder_layer():
+    torch.manual_seed(0)
+    return torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                            batch_first=True).eval()
+
+
+@pytest.mark.parametrize("way", ["env", "option"])
+def test_transformer_encoder_layer_forward_matches_cpu(way, monkeypatch, xla_compiles):
+    layer, x = encoder_layer(), torch.randn(2, 5, 32)
+    expected = layer(x)
+    out = compile_xla(copy.deepcopy(layer).to(N), way, monkeypatch)(x.to(N))
+    assert_same(out.detach(), expected.detach(), **FLOAT32)
+    assert_compiled()
+    assert xla_compiles
+
+
+def test_transformer_encoder_layer_inference_matches_cpu(monkeypatch, xla_compiles):
+    """Under no_grad an eval TransformerEncoderLayer takes PyTorch's fast path, one fused op
+    (aten._transformer_encoder_layer_fwd) in the graph; neuron is one of the fast path's devices."""
+    layer, x = encoder_layer(), torch.randn(2, 5, 32)
+    with torch.no_grad():
+        expected = layer(x)
+        out = compile_xla(copy.deepcopy(layer).to(N), "option", monkeypatch)(x.to(N))
+    assert_same(out, expected, **FLOAT32)
+    assert_compiled()
+    assert xla_compiles
+
+
+def test_compiled_optimizer_step_updates_neuron_parameters_like_cpu(monkeypatch, xla_compiles):
+    def run(device, step_fn=None):
+        model = mlp().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+        step = step_fn(opt.step) if step_fn else opt.step
+        torch.manual_seed(1)
+        for _ in range(2):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape).to(device)
+            step()
+        return list(model.parameters())
+
+    expected = run("cpu")
+    params = run(N, lambda step: compile_xla(step, "option", monkeypatch))
+    # elementwise updates only (no reassociation): float32 rounding of the same operations
+    assert_same([p.detach() for p in params], [p.detach() for p in expected], **FLOAT32)
+    assert not any(torch.equal(p.detach().cpu(), q.detach()) for p, q in zip(params, mlp().parameters()))
+    assert_compiled()
+    assert xla_compiles
+
+
+# ---- float64 is computed as float32 under xla ---------------------------------------------------
+def test_float64_computes_as_float32_under_xla_and_as_float64_under_inductor(monkeypatch):
+    def absorb(t):
+        return (t + 1e8) - 1e8
+
+    expected = absorb(torch.ones(3, dtype=torch.float64))
+    assert torch.equal(expected, torch.ones(3, dtype=torch.float64))
+
+    default = torch.compile(absorb, backend="neuron")(torch.ones(3, dtype=torch.float64, device=N))
+    assert_same(default, expected)
+
+    torch._dynamo.reset()
+    faithful = compile_xla(absorb, "option", monkeypatch)(torch.ones(3, dtype=torch.float64, device=N))
+    assert faithful.device.type == N and faithful.dtype == torch.float64
+    # 1e8 + 1 is not a float32: it rounds to 1e8, as on Trainium
+    assert torch.equal(faithful.cpu(), torch.zeros(3, dtype=torch.float64))
+
+
+# ---- an op that does not lower ------------------------------------------------------------------
+def rfft_site_and_function():
+    def spectrum(x):
+        return torch.fft.rfft(x) * 2
+    return f"{__file__}:{inspect.getsourcelines(spectrum)[1] + 1}", spectrum
+
+
+def test_rfft_under_xla_raises_naming_op_stage_and_line(monkeypatch):
+    site, spectrum = rfft_site_and_function()
+    with pytest.raises(Exception) as raised:
+        compile_xla(spectrum, "env", monkeypatch)(torch.randn(8, device=N))
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__ or getattr(error, "inner_exception", None)
+    assert any(isinstance(e, NEFFCompilationError) for e in chain), chain
+    message = str(raised.value)
+    assert "aten._fft_r2c" in message and site in message
+    assert re.search(r"stage: (import|torch-backend|stablehlo)", message), message
+
+
+def test_rfft_under_xla_with_fallback_warns_and_runs_eagerly(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    _, spectrum = rfft_site_and_function()
+    x = torch.randn(8)
+    with pytest.warns(RuntimeWarning, match="_fft_r2c"):
+        out = compile_xla(spectrum, "env", monkeypatch)(x.to(N))
+    assert_same(out, spectrum(x))
+    assert backend.get_dynamo_metrics()[0]["fell_back"]
+
+
+# ---- bad settings -------------------------------------------------------------------------------
+def test_bad_executor_in_env_names_variable_and_choices(monkeypatch):
+    monkeypatch.setenv(EXECUTOR_ENV, "tpu")
+    with pytest.raises(Exception, match=EXECUTOR_ENV) as raised:
+        torch.compile(lambda t: t + 1, backend="neuron")(torch.ones(2, device=N))
+    assert "'tpu'" in str(raised.value) and "'inductor'" in str(raised.value) and "'xla'" in str(raised.value)
+
+
+def test_bad_executor_option_names_option_and_choices():
+    with pytest.raises(Exception, match="executor") as raised:
+        torch.compile(lambda t: t + 1, backend="neuron", options={"executor": "gpu"})(torch.ones(2, device=N))
+    message = str(raised.value)
+    assert "options={'executor'" in message and "'gpu'" in message
+    assert "'inductor'" in message and "'xla'" in message
+
+
+def test_bad_compiler_args_type_is_an_error():
+    with pytest.raises(Exception, match="compiler_args") as raised:
+        torch.compile(lambda t: t + 1, backend="neuron", options={"compiler_args": 2})(torch.ones(2, device=N))
+    assert "list of strings" in str(raised.value)
+
+
+# ---- artifacts in TorchNeuron's layout ----------------------------------------------------------
+class MyNet(torch.nn.Module):
+    """Its forward is in this file, so the graph's ops carry this file's lines (the ops of a model
+    made only of torch.nn modules would point into torch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) * 2
+
+
+def small_model_run(monkeypatch, executor=None):
+    """MyNet compiled with model_name "MyNet" and compiler_args, run once for inference."""
+    torch.manual_seed(0)
+    model = MyNet()
+    x = torch.randn(2, 4)
+    options = {"model_name": "MyNet", "compiler_args": "--opt-level 2"}
+    if executor:
+        options["executor"] = executor
+    with torch.no_grad():
+        out = torch.compile(copy.deepcopy(model).to(N), backend="neuron", options=options)(x.to(N))
+        expected = model(x)
+    return out, expected
+
+
+def artifact_files(debug_dir):
+    return sorted(os.path.relpath(os.path.join(root, f), debug_dir)
+                  for root, _, files in os.walk(debug_dir) for f in files)
+
+
+@pytest.mark.parametrize("executor", ["xla", "inductor"])
+def test_preserved_artifacts_are_written_in_torchneuron_layout(executor, tmp_path, monkeypatch):
+    debug_dir = tmp_path / "debug"
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(debug_dir))
+    monkeypatch.setenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1")
+    out, expected = small_model_run(monkeypatch, executor)
+    assert_same(out, expected, **(FLOAT32 if executor == "xla" else {}))
+    assert_compiled()
+
+    files = artifact_files(debug_dir)
+    patterns = {kind: re.compile(rf"{folder}/proc_0/mynet_({TIMESTAMP})\.{suffix}")
+                for kind, folder, suffix in (("fx", "fx_graphs", r"fx\.txt"), ("raw", "raw", r"torch_raw\.mlir"),
+                                             ("stablehlo", "stablehlo", r"stablehlo\.mlir"),
+                                             ("args", "stablehlo", r"compiler_args\.txt"))}
+    found = {kind: [f for f in files if pattern.fullmatch(f)] for kind, pattern in patterns.items()}
+    assert all(len(v) == 1 for v in found.values()), files  # one inference graph: one of each
+    assert len(files) == 4, files
+    stamps = {patterns[kind].fullmatch(v[0]).group(1) for kind, v in found.items()}
+    assert len(stamps) == 1, stamps  # one graph, one timestamp
+
+    stablehlo = (debug_dir / found["stablehlo"][0]).read_text()
+    assert "func.func @main" in stablehlo and "stablehlo.dot_general" in stablehlo
+    forward_line = inspect.getsourcelines(MyNet.forward)[1] + 1
+    assert f'loc("{__file__}":{forward_line}:' in stablehlo, stablehlo[-2000:]
+    assert "torch.aten" in (debug_dir / found["raw"][0]).read_text()
+    assert "torch.ops.aten" in (debug_dir / found["fx"][0]).read_text()
+    assert (debug_dir / found["args"][0]).read_text().split() == ["--opt-level", "2"]
+
+
+def test_no_artifacts_without_the_variable(tmp_path, monkeypatch):
+    debug_dir = tmp_path / "debug"
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(debug_dir))
+    out, expected = small_model_run(monkeypatch, "xla")
+    assert_same(out, expected, **FLOAT32)
+    assert artifact_files(debug_dir) == []
+
+
+# ---- the cache ----------------------------------------------------------------------------------
+def test_xla_programs_are_cached_across_dynamo_resets(monkeypatch, xla_compiles):
+    model = mlp().to(N)
+    x = torch.randn(4, 16, device=N)
+    with torch.no_grad():
+        first = compile_xla(model, "option", monkeypatch)(x)
+        torch._dynamo.reset()
+        second = compile_xla(model, "option", monkeypatch)(x)
+    assert [m["cache"] for m in backend.get_dynamo_metrics()] == ["miss", "hit"]
+    assert len(xla_compiles) == 1
+    assert torch.equal(first.cpu(), second.cpu())
+    with torch.no_grad():
+        assert_same(second, mlp()(x.cpu()), **FLOAT32)
+
+
+CACHED_PROCESS = """
+    import torch
+    from torch_neuronx import neuron_dynamo_backend as backend
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        out = torch.compile(model.to("neuron"), backend="neuron", options={"executor": "xla"})(x.to("neuron"))
+    torch.save(out.cpu(), __import__("sys").argv[1])
+    print("CACHE", backend.get_dynamo_metrics()[0]["cache"])
+"""
+
+
+def test_xla_programs_are_cached_across_processes(tmp_path):
+    cache_dir = str(tmp_path / "shared_cache")
+    results = []
+    for run_index in range(2):
+        path = str(tmp_path / f"out{run_index}.pt")
+        proc = isolated.run(CACHED_PROCESS, [path], TORCH_NEURONX_NEFF_CACHE_DIR=cache_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append((proc.stdout.split("CACHE")[-1].strip(), torch.load(path)))
+    assert [cache for cache, _ in results] == ["miss", "hit"]
+    assert torch.equal(results[0][1], results[1][1])
+
+
+# ---- TorchNeuron's device rules for compiled graphs ---------------------------------------------
+def cpu_model_and_input():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()), torch.randn(2, 4)
+
+
+def test_cpu_model_returns_neuron_tensors_equal_to_cpu_by_default():
+    model, x = cpu_model_and_input()
+    with torch.no_grad():
+        expected = model(x)
+        out = torch.compile(model, backend="neuron")(x)
+    assert_same(out, expected)
+
+
+def test_retain_device_mode_returns_cpu_outputs(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_RETAIN_DEVICE_MODE", "1")
+    model, x = cpu_model_and_input()
+    with torch.no_grad():
+        expected = model(x)
+        out = torch.compile(model, backend="neuron")(x)
+    assert out.device.type == "cpu"
+    assert torch.equal(out, expected)
+
+
+def test_disable_cpu_autocopy_refuses_cpu_inputs(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "1")
+    model, x = cpu_model_and_input()
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"Input tensor at index \d+ is on cpu device, "
+                                                            r"expected neuron"):
+        torch.compile(model, backend="neuron")(x)
+    torch._dynamo.reset()
+    with torch.no_grad():  # neuron inputs are fine
+        assert_same(torch.compile(copy.deepcopy(model).to(N), backend="neuron")(x.to(N)), model(x))
+
+
+# ---- lowering as a readiness check --------------------------------------------------------------
+@pytest.fixture
+def collect():
+    torch_neuronx.clear_op_tracking()
+    diagnostics.start()
+    try:
+        yield lambda: diagnostics.report("Trainium2:2")
+    finally:
+        diagnostics.stop()
+        torch_neuronx.clear_op_tracking()
+
+
+def test_readiness_report_lowers_graphs_under_the_default_executor(collect):
+    site, spectrum = rfft_site_and_function()
+    x = torch.randn(8)
+    assert_same(torch.compile(spectrum, backend="neuron")(x.to(N)), spectrum(x))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        assert_same(torch.compile(copy.deepcopy(linear).to(N), backend="neuron")(x[:4].to(N)), linear(x[:4]))
+    assert_compiled()
+
+    report = collect()
+    found = [f for f in report.findings if f["kind"] == "stablehlo-lowering"]
+    assert len(found) == 1, found
+    assert "_fft_r2c" in found[0]["op"] and found[0]["site"].startswith(site), found
+    graphs = {g["lowering"]: g for g in report.compiled_graphs}
+    assert set(graphs) == {"failed", "lowered"}, report.compiled_graphs
+    assert graphs["lowered"]["stablehlo_ops"].get("stablehlo.dot_general", 0) >= 1, graphs["lowered"]
+    assert "StableHLO lowering" in str(report)
+
+
+# ---- torch-mlir missing -------------------------------------------------------------------------
+MISSING_TORCH_MLIR = """
+    import sys
+    sys.modules["torch_mlir"] = None  # as if not installed: importing it raises ImportError
+    import torch
+    from torch_neuronx import diagnostics
+
+    try:
+        torch.compile(lambda t: t * 2, backend="neuron", options={"executor": "xla"})(torch.ones(2, device="neuron"))
+        print("XLA: no error")
+    except Exception as error:
+        print("XLA:", str(error).replace("\\n", " "))
+    torch._dynamo.reset()
+    diagnostics.start()
+    try:
+        out = torch.compile(lambda t: t * 3, backend="neuron")(torch.ones(2, device="neuron"))
+        print("OUT:", out.cpu().tolist())
+        print("LOWERING:", [g["lowering"] for g in diagnostics.report("Trainium2:2").compiled_graphs])
+    finally:
+        diagnostics.stop()
+"""
+
+
+def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked(tmp_path):
+    proc = isolated.run(MISSING_TORCH_MLIR, TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if ":" in line}
+    assert "torch-mlir" in lines["XLA"] and "torch-neuronx-cpu[faithful]" in lines["XLA"], proc.stdout
+    assert lines["OUT"] == "[3.0, 3.0]"
+    lowering = eval(lines["LOWERING"])  # a list literal printed above
+    assert len(lowering) == 1 and lowering[0].startswith("not checked"), lowering
