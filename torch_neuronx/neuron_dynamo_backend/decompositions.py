@@ -2,9 +2,9 @@
 graph is lowered to StableHLO: the stock torch decompositions it selects, by name.
 
 TorchNeuron adds decompositions of its own (as_strided, topk, attention, linear_backward,
-convolution_backward, ...). Those are not mirrored: torch-mlir lowers the aten ops they replace,
-so a graph lowers here where TorchNeuron's would, while fft, nearest-neighbour interpolation and
-svdvals, which neither decomposes, fail in both.
+convolution_backward, ...). Of those only attention has a counterpart here (below); for the rest,
+torch-mlir lowers the aten ops they replace, so a graph lowers here where TorchNeuron's would,
+while fft, nearest-neighbour interpolation and svdvals, which neither decomposes, fail in both.
 """
 from __future__ import annotations
 
@@ -27,11 +27,18 @@ STOCK_DECOMPOSITIONS = (
 )
 
 
+# Attention as TorchNeuron lowers it: its own decomposition of PrivateUse1's fused attention into
+# matmuls and a softmax (``_scaled_dot_product_fused_attention_overrideable``). The graph here is
+# traced for CPU, where SDPA picks CPU's flash kernel instead; torch's decomposition of that kernel
+# is the same math.
+ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",)
+
+
 @functools.cache
 def decomposition_table() -> dict:
     from torch._decomp import get_decompositions
 
-    ops = []
+    ops = [getattr(torch.ops.aten, name).default for name in ATTENTION]
     for name in STOCK_DECOMPOSITIONS:
         base, _, overload = name.partition(".")
         packet = getattr(torch.ops.aten, base)

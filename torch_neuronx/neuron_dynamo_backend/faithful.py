@@ -76,7 +76,13 @@ def _key(gm: torch.fx.GraphModule, example_inputs) -> str:
 
     inputs = [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
               for t in example_inputs]
-    return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True), repr(inputs), "xla",
+    # The graph without its source comments (the program does not depend on where it was written),
+    # and the values of its tensor constants (it does depend on those).
+    code = "\n".join(line for line in gm.print_readable(print_output=False, include_stride=True).splitlines()
+                     if not line.strip().startswith("#"))
+    constants = [repr(getattr(gm, n.target).tolist()) for n in gm.graph.find_nodes(op="get_attr")
+                 if isinstance(getattr(gm, n.target, None), torch.Tensor)]
+    return neff_cache.cache_key(code, repr(constants), repr(inputs), "xla",
                                 EXECUTOR_FORMAT, torch.__version__, __version__, jax.__version__,
                                 getattr(torch_mlir, "__version__", "torch-mlir"),
                                 ",".join(xla_executor.DISABLED_XLA_PASSES))
