@@ -15,3 +15,18 @@ def fresh_compile(tmp_path, monkeypatch):
     neuron_dynamo_backend.reset_dynamo_metrics()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def collect():
+    """Collect diagnostics for the test body only; yields a function returning the report so far."""
+    import torch_neuronx
+    from torch_neuronx import diagnostics
+
+    torch_neuronx.clear_op_tracking()
+    diagnostics.start()
+    try:
+        yield lambda: diagnostics.report("Trainium2:2")
+    finally:
+        diagnostics.stop()
+        torch_neuronx.clear_op_tracking()

@@ -376,16 +376,6 @@ def test_disable_cpu_autocopy_refuses_cpu_inputs(monkeypatch):
 
 
 # ---- lowering as a readiness check --------------------------------------------------------------
-@pytest.fixture
-def collect():
-    torch_neuronx.clear_op_tracking()
-    diagnostics.start()
-    try:
-        yield lambda: diagnostics.report("Trainium2:2")
-    finally:
-        diagnostics.stop()
-        torch_neuronx.clear_op_tracking()
-
 
 def test_readiness_report_lowers_graphs_under_the_default_executor(collect):
     site, spectrum = rfft_site_and_function()

@@ -33,17 +33,6 @@ def forget_compiled_graphs():
     gc.collect()
 
 
-@pytest.fixture
-def collect():
-    """Collect diagnostics for the test body only; yields a function returning the report so far."""
-    torch_neuronx.clear_op_tracking()
-    diagnostics.start()
-    try:
-        yield lambda: diagnostics.report("Trainium2:2")
-    finally:
-        diagnostics.stop()
-        torch_neuronx.clear_op_tracking()
-
 
 def here(offset: int = 0) -> str:
     """'this_file:line' of the caller's line plus ``offset``: where a finding must point."""
