@@ -25,7 +25,8 @@ INSTALL_HINT = ('pip install --no-build-isolation "torch-neuronx-cpu[faithful]" 
 _TO_BACKEND_PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
                         "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})")
 _TO_STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=true})"
-_LOCATION = re.compile(r'loc\("(?P<file>[^"]+)":(?P<line>\d+):\d+\)')
+# The first file:line in a location (its innermost frame), plain, fused or in a call site.
+_LOCATION = re.compile(r'"(?P<file>[^"]+)":(?P<line>\d+):\d+')
 _OP_NAMES = (re.compile(r'name = "torch\.(?P<op>aten\.[\w.]+)"'), re.compile(r"operation '(?:torch\.)?(?P<op>[\w.]+)'"),
              re.compile(r"\b(?P<op>aten[.:]+[\w.]+)"))
 
@@ -143,6 +144,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
     handler = context.attach_diagnostic_handler(collect)
     try:
         importer = FxImporter(context=context, hooks=_dense_literals())
+        importer._cc = _module_path_locations(context, importer._py_attr_tracker)
         try:
             importer.import_stateless_graph(gm.graph, func_name=name)
         except Exception as error:  # an op or a type the importer does not know
@@ -206,6 +208,36 @@ def _dense_literals():
                                        attributes={"value": elements}).result
 
     return DenseLiterals()
+
+
+def _module_path_locations(context, attribute_tracker):
+    """The importer's location of each op, with the path of the module it ran in fused in front,
+    as TorchNeuron's importer does: ops from torch.nn's own modules have no user line, but a path."""
+    from torch_mlir import ir
+    from torch_mlir.extras.fx_importer import ContextCache
+
+    class ModulePathLocations(ContextCache):
+        __slots__ = ()
+
+        def get_node_location(self, node):
+            source = super().get_node_location(node)
+            stack = node.meta.get("nn_module_stack") or {}
+            path = ">".join(_module_entry(where, kind) for where, kind in stack.values())
+            if not path:
+                return source
+            name = ir.Location.name(path, context=self._c)
+            if source is None or str(source) == "loc(unknown)":
+                return name
+            return ir.Location.fused([name, source], context=self._c)
+
+    return ModulePathLocations(context, py_attr_tracker=attribute_tracker)
+
+
+def _module_entry(where, kind) -> str:
+    """``layers.0|Linear`` (the root module: its class alone), without Dynamo's ``L['self'].``."""
+    path = re.sub(r"^L\['[^']*'\]\.?", "", str(where))
+    name = getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1])
+    return f"{path}|{name}" if path else name
 
 
 def node_op(node: torch.fx.Node) -> str:
