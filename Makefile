@@ -41,6 +41,7 @@ bench: setup
 	$(PY) benchmarks/bench_distributed.py
 	$(PY) benchmarks/bench_pipeline.py
 	$(PY) benchmarks/bench_diagnostics.py
+	$(PY) benchmarks/bench_xla.py
 
 clean:
 	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)
