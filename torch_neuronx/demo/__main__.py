@@ -95,11 +95,26 @@ def describe_device() -> str:
             "ops run on this host's CPU")
 
 
+def describe_executor() -> str:
+    """The executor of the compiled phases, chosen as the backend chooses it (no options here)."""
+    from torch_neuronx.neuron_dynamo_backend import config
+
+    try:
+        chosen = config.executor({})
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    if chosen == "xla":
+        return (f"compiled executor: xla (TorchNeuron's StableHLO program on XLA:CPU, float64 as float32; "
+                f"{config.EXECUTOR_ENV}=xla)")
+    return f"compiled executor: inductor (Inductor's CPU code; {config.EXECUTOR_ENV}=xla runs TorchNeuron's program)"
+
+
 def single_core(args, source: str, dtype: torch.dtype) -> None:
     from diffusers import Flux2KleinPipeline
 
     print(f"model: {args.model or 'a small Flux2-Klein built in code'} ({source}), {str(dtype).replace('torch.', '')}")
     print(describe_device())
+    print(describe_executor())
     cpu = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
     phases = Phases(cpu, args)
     reference = phases.run("cpu eager (the oracle)")
