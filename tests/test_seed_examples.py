@@ -62,6 +62,13 @@ def test_compiled_program_draws_what_eager_draws(tmp_path, cpu_image, neff_cache
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
 
 
+def test_compiled_program_draws_what_eager_draws_as_torchneuron_lowers_it(tmp_path, cpu_image, neff_cache):
+    """The xla executor: TorchNeuron's StableHLO program of the transformer, run by XLA:CPU."""
+    image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache,
+                    TORCH_NEURONX_COMPILE_EXECUTOR="xla")
+    assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
+
+
 def test_tensor_parallel_program_on_two_cores_draws_what_one_core_draws(tmp_path, cpu_image):
     script = os.path.join(ROOT, "examples", "tensor_parallel_neuron.py")
     program(["-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
