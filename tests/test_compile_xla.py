@@ -428,3 +428,16 @@ def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked
     assert lines["OUT"] == "[3.0, 3.0]"
     lowering = eval(lines["LOWERING"])  # a list literal printed above
     assert len(lowering) == 1 and lowering[0].startswith("not checked"), lowering
+
+
+def test_an_op_left_unlowered_is_named_even_when_mlir_blames_its_constant(monkeypatch):
+    """torch-mlir reports the integer constant an unlowered op leaves behind ('torch.constant.int'); the
+    error names the op itself. (aten.mse_loss_backward has no lowering in stock torch-mlir and is not in
+    the decomposition table: TorchNeuron's compile would not know it either, if no decomposition is added.)"""
+    def grad(g, a, b):
+        return torch.ops.aten.mse_loss_backward(g, a, b, 1)
+
+    with pytest.raises(Exception) as raised:
+        compile_xla(grad, "option", monkeypatch)(torch.ones((), device=N), torch.randn(4, device=N),
+                                                 torch.randn(4, device=N))
+    assert "aten.mse_loss_backward" in str(raised.value) and "constant.int at" not in str(raised.value)

@@ -103,6 +103,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
             metrics.lower_us = stats.lower_s * 1e6
             metrics.compile_us = (time.perf_counter() - rewritten - stats.lower_s) * 1e6
             metrics.cache = "hit" if stats.graphs and stats.hits == stats.graphs else "miss"
+            stats.metrics = metrics
         else:
             if settings.on_lowered is not None or artifacts.preserved():
                 _check_lowering(host_gm, cpu_inputs, settings)

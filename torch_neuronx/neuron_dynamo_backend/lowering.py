@@ -97,6 +97,24 @@ def _first_error(diagnostics: list[tuple[str, str]], fallback: str) -> tuple[str
     return "", fallback
 
 
+def _first_unlowered(module, default: tuple[str, str]) -> tuple[str, str]:
+    """(op, location) of the first aten op the failed pipeline left in ``module``."""
+    found = []
+
+    def visit(op):
+        operation = op.operation
+        name = operation.name
+        if name == "torch.operator" and "name" in operation.attributes:
+            name = str(operation.attributes["name"]).strip('"')
+        if name.startswith("torch.aten."):
+            found.append((name.removeprefix("torch."), str(operation.location)))
+            return _WALK_INTERRUPT
+        return _WALK_ADVANCE
+
+    module.operation.walk(visit)
+    return found[0] if found else default
+
+
 def _site_of_location(location: str) -> str:
     match = _LOCATION.search(location)
     return f"{match.group('file')}:{match.group('line')}" if match else ""
@@ -115,13 +133,13 @@ def _count_ops(module) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-_WALK_ADVANCE = None  # set on first use: torch_mlir.ir.WalkResult.ADVANCE
+_WALK_ADVANCE = _WALK_INTERRUPT = None  # set on first use: torch_mlir.ir.WalkResult's
 
 
 def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
     """Lower ``gm`` (an FX graph of aten ops on fake or real tensors, with ``val`` metadata) to
     StableHLO, TorchNeuron's way. Raises LoweringError for an op that does not lower."""
-    global _WALK_ADVANCE
+    global _WALK_ADVANCE, _WALK_INTERRUPT
     require_torch_mlir()
     from torch_mlir import ir
     from torch_mlir.compiler_utils import run_pipeline_with_repro_report
@@ -130,7 +148,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
 
     from torch_neuronx.neuron_dynamo_backend import stablehlo_passes
 
-    _WALK_ADVANCE = ir.WalkResult.ADVANCE
+    _WALK_ADVANCE, _WALK_INTERRUPT = ir.WalkResult.ADVANCE, ir.WalkResult.INTERRUPT
     start = time.perf_counter()
     context = ir.Context()
     torch_dialect.register_dialect(context)
@@ -160,7 +178,10 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
                 run_pipeline_with_repro_report(module, pipeline, f"Lowering to {stage}")
             except Exception as error:
                 location, message = _first_error(diagnostics, str(error).strip().splitlines()[0])
-                raise LoweringError(_op_name(message), stage, with_source(_site_of_location(location)),
+                op = _op_name(message)
+                if not op.startswith("aten."):  # e.g. a constant left behind by the op that did not lower
+                    op, location = _first_unlowered(module, (op, location))
+                raise LoweringError(op, stage, with_source(_site_of_location(location)),
                                     message.splitlines()[0]) from None
         stablehlo_passes.run(module, context)
         text = module.operation.get_asm(enable_debug_info=True)
