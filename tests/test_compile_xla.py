@@ -431,13 +431,42 @@ def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked
 
 
 def test_an_op_left_unlowered_is_named_even_when_mlir_blames_its_constant(monkeypatch):
-    """torch-mlir reports the integer constant an unlowered op leaves behind ('torch.constant.int'); the
-    error names the op itself. (aten.mse_loss_backward has no lowering in stock torch-mlir and is not in
-    the decomposition table: TorchNeuron's compile would not know it either, if no decomposition is added.)"""
-    def grad(g, a, b):
-        return torch.ops.aten.mse_loss_backward(g, a, b, 1)
+    """torch-mlir reports a constant an unlowered op leaves behind ('torch.constant.int'); the error
+    names the op itself. (aten.avg_pool2d_backward has no lowering in stock torch-mlir, and TorchNeuron's
+    own decomposition of it is not mirrored.)"""
+    def grad(g, x):
+        return torch.ops.aten.avg_pool2d_backward(g, x, [2, 2], [2, 2], [0, 0], False, True, None)
 
     with pytest.raises(Exception) as raised:
-        compile_xla(grad, "option", monkeypatch)(torch.ones((), device=N), torch.randn(4, device=N),
-                                                 torch.randn(4, device=N))
-    assert "aten.mse_loss_backward" in str(raised.value) and "constant.int at" not in str(raised.value)
+        compile_xla(grad, "option", monkeypatch)(torch.ones(1, 1, 2, 2, device=N), torch.randn(1, 1, 4, 4, device=N))
+    message = str(raised.value)
+    assert "aten.avg_pool2d_backward at" in message and "constant." not in message.split(" does not lower")[0]
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse", "leaky_relu", "attention"])
+def test_common_training_graphs_lower_and_match_cpu(loss, monkeypatch):
+    """Training graphs TorchNeuron's private lowering handles and stock torch-mlir does not (it crashes
+    on cross entropy and computes LeakyReLU's gradient wrongly): the stand-in decompositions make them
+    lower and compute CPU's numbers; attention trains through the math decomposition."""
+    torch.manual_seed(0)
+    weight = torch.randn(5, 8, requires_grad=True)
+    x, target = torch.randn(4, 8), torch.tensor([0, 1, 2, 4])
+
+    def step(w, x, target):
+        out = x @ w.t()
+        if loss == "cross_entropy":
+            return torch.nn.functional.cross_entropy(out, target, label_smoothing=0.1)
+        if loss == "mse":
+            return torch.nn.functional.mse_loss(out, torch.ones_like(out))
+        if loss == "leaky_relu":
+            return torch.nn.functional.leaky_relu(out, 0.1).square().mean()
+        q = out.reshape(1, 1, 4, 5)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).square().sum()
+
+    expected = step(weight, x, target)
+    expected.backward()
+    w = weight.detach().to(N).requires_grad_()
+    got = compile_xla(step, "option", monkeypatch)(w, x.to(N), target.to(N))
+    got.backward()
+    assert_same(got.detach(), expected.detach(), **FLOAT32)
+    assert_same(w.grad, weight.grad, **FLOAT32_GRADS)

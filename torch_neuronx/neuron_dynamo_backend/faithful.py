@@ -16,7 +16,7 @@ import torch
 
 from torch_neuronx.neuron_dynamo_backend import artifacts, lowering, xla_executor
 from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
-from torch_neuronx.neuron_dynamo_backend.decompositions import decomposition_table
+from torch_neuronx.neuron_dynamo_backend.decompositions import attention_as_math, decomposition_table
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.version import __version__
 
@@ -175,8 +175,9 @@ def compile_for_xla(gm: torch.fx.GraphModule, example_inputs, settings: CompileS
             stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
         return _runner(shaped, program)
 
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_one, bw_compiler=compile_one,
-                                 decompositions=decomposition_table(), keep_inference_input_mutations=True)
+    with attention_as_math():
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_one, bw_compiler=compile_one,
+                                     decompositions=decomposition_table(), keep_inference_input_mutations=True)
 
 
 def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings) -> None:
@@ -191,6 +192,6 @@ def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: Comp
             pass  # reported through on_lowered
         return aot_gm.forward
 
-    with torch.no_grad():
+    with torch.no_grad(), attention_as_math():
         aot_module_simplified(gm, example_inputs, fw_compiler=lower_one, decompositions=decomposition_table(),
                               keep_inference_input_mutations=True)
