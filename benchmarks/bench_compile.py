@@ -159,18 +159,8 @@ def measure(name, variants, budget_s, target):
     print(f"  {name}: compiled (first call) in {first_call_s['inductor_cpu']:.1f} s (Inductor CPU), "
           f"{first_call_s['neuron_compiled']:.1f} s (neuron)", file=sys.stderr, flush=True)
 
-    fns = {v: (lambda f=variants[v]: f()) for v in VARIANTS}
-    for v in VARIANTS:  # warm-up (allocator caches, lazy init, the optimizer's first step)
-        bench_eager.time_loop(fns[v], (), 3)
-    per_call = max(bench_eager.time_loop(fns[v], (), 3) for v in VARIANTS) / 1e6
-    inner = max(1, round(bench_eager.CHUNK_S / per_call))
-    rounds = max(10, int(budget_s / (len(VARIANTS) * inner * per_call)))
-    samples = {v: [] for v in VARIANTS}
-    gc.collect()
-    for r in range(rounds):
-        order = VARIANTS[r % 4:] + VARIANTS[:r % 4]
-        for v in order if (r // 4) % 2 == 0 else reversed(order):
-            samples[v].append(bench_eager.time_loop(fns[v], (), inner))
+    samples, inner, rounds = bench_eager.interleaved_samples(
+        {v: (lambda f=variants[v]: f()) for v in VARIANTS}, budget_s)
     result = {
         "name": name,
         "inner": inner,

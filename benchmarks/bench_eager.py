@@ -54,6 +54,26 @@ def time_loop(fn, args, n):
     return (time.perf_counter_ns() - start) / n / 1e3  # µs per call
 
 
+def interleaved_samples(fns: dict, budget_s: float) -> tuple[dict, int, int]:
+    """Time each callable of ``fns`` in samples of about CHUNK_S, in rounds whose order rotates and
+    then reverses, so drift hits every variant alike. Returns (µs per call samples by variant, calls
+    per sample, rounds)."""
+    variants = list(fns)
+    for v in variants:  # warm-up (allocator caches, lazy init, an optimizer's first step)
+        time_loop(fns[v], (), 3)
+    per_call = max(time_loop(fns[v], (), 3) for v in variants) / 1e6
+    inner = max(1, round(CHUNK_S / per_call))
+    rounds = max(10, int(budget_s / (len(variants) * inner * per_call)))
+    samples = {v: [] for v in variants}
+    gc.collect()
+    n = len(variants)
+    for r in range(rounds):
+        order = variants[r % n:] + variants[:r % n]
+        for v in order if (r // n) % 2 == 0 else reversed(order):
+            samples[v].append(time_loop(fns[v], (), inner))
+    return samples, inner, rounds
+
+
 def measure(case):
     fn, args = case.fn, case.args
     for side in args:  # warm up both sides (allocator caches, lazy init)

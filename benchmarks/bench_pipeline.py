@@ -173,21 +173,7 @@ def run_time(opts):
     print("  first calls: " + ", ".join(f"{LABELS[v]} {first_call_s[v]:.1f} s" for v in VARIANTS)
           + f" (compiled graphs: {[m['cache'] for m in metrics]})", file=sys.stderr, flush=True)
 
-    samples = {v: [] for v in VARIANTS}
-    gc.collect()
-    gc.disable()  # collections between the calls only, never inside one
-    try:
-        for r in range(opts.rounds):
-            order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
-            for v in order if (r // 3) % 2 == 0 else reversed(order):
-                start = time.perf_counter()
-                generate(pipes[v], opts.size, opts.steps)
-                samples[v].append(time.perf_counter() - start)
-                gc.collect()
-            print(f"  round {r + 1}/{opts.rounds}: " + " / ".join(f"{samples[v][-1]:.2f}" for v in VARIANTS) + " s",
-                  file=sys.stderr, flush=True)
-    finally:
-        gc.enable()
+    samples = timed_rounds(pipes, VARIANTS, opts)
     cpu = samples["cpu_eager"]
     result = {
         "rounds": opts.rounds,
@@ -269,15 +255,48 @@ def markdown(rt, startup, opts, load, load_end, total_s):
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def timed_rounds(pipes: dict, variants, opts, on_image=None) -> dict:
+    """``opts.rounds`` rounds of one generation per variant, in an order that rotates and then
+    reverses, collecting garbage between calls only; returns seconds per call by variant.
+    ``on_image(variant, image)`` sees each image."""
+    samples = {v: [] for v in variants}
+    n = len(variants)
+    gc.collect()
+    gc.disable()  # collections between the calls only, never inside one
+    try:
+        for r in range(opts.rounds):
+            order = list(variants[r % n:]) + list(variants[:r % n])
+            for v in order if (r // n) % 2 == 0 else reversed(order):
+                start = time.perf_counter()
+                image = generate(pipes[v], opts.size, opts.steps)
+                samples[v].append(time.perf_counter() - start)
+                if on_image is not None:
+                    on_image(v, image)
+                gc.collect()
+            print(f"  round {r + 1}/{opts.rounds}: " + " / ".join(f"{samples[v][-1]:.2f}" for v in variants) + " s",
+                  file=sys.stderr, flush=True)
+    finally:
+        gc.enable()
+    return samples
+
+
+def pipeline_arguments(doc: str, children, size: int = SIZE, steps: int = STEPS,
+                       rounds: int = ROUNDS) -> argparse.ArgumentParser:
+    """The options of a benchmark of the pipeline; ``children`` are the values of its hidden
+    --_child (the start-up runs it launches as new processes)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="timed rounds (one call of each variant)")
-    parser.add_argument("--size", type=int, default=SIZE, help="height and width in pixels")
-    parser.add_argument("--steps", type=int, default=STEPS, help="num_inference_steps")
-    parser.add_argument("--_child", choices=("cold", "warm"), help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds (one call of each variant)")
+    parser.add_argument("--size", type=int, default=size, help="height and width in pixels")
+    parser.add_argument("--steps", type=int, default=steps, help="num_inference_steps")
+    parser.add_argument("--_child", choices=children, help=argparse.SUPPRESS)
     parser.add_argument("--_t0", type=float, help=argparse.SUPPRESS)
+    return parser
+
+
+def main():
+    parser = pipeline_arguments(__doc__, ("cold", "warm"))
     parser.add_argument("--_image", help=argparse.SUPPRESS)
     opts = parser.parse_args()
 

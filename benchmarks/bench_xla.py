@@ -19,9 +19,7 @@ launch to the first result, and backend seconds (get_dynamo_metrics: fx_passes +
 
     python benchmarks/bench_xla.py [--json PATH] [--threads N] [--rounds N] [--size PX] [--steps N]
 """
-import argparse
 import copy
-import gc
 import json
 import os
 import platform
@@ -156,17 +154,7 @@ def measure_forward(budget_s, lowering_rows):
           + "; max abs diff vs CPU eager " + ", ".join(f"{v} {diffs[v]:.3g}" for v in EXECUTORS),
           file=sys.stderr, flush=True)
     fns = {v: variants[v] for v in VARIANTS}
-    for v in VARIANTS:
-        bench_eager.time_loop(fns[v], (), 3)
-    per_call = max(bench_eager.time_loop(fns[v], (), 3) for v in VARIANTS) / 1e6
-    inner = max(1, round(bench_eager.CHUNK_S / per_call))
-    rounds = max(10, int(budget_s / (len(VARIANTS) * inner * per_call)))
-    samples = {v: [] for v in VARIANTS}
-    gc.collect()
-    for r in range(rounds):
-        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
-        for v in order if (r // 3) % 2 == 0 else reversed(order):
-            samples[v].append(bench_eager.time_loop(fns[v], (), inner))
+    samples, inner, rounds = bench_eager.interleaved_samples(fns, budget_s)
     for v in EXECUTORS:  # the largest difference, over a few more calls
         diffs[v] = max(diffs[v], *(_max_diff(fns[v](), outputs["cpu_eager"]) for _ in range(3)))
     result = {
@@ -205,23 +193,11 @@ def measure_pipeline(opts, lowering_rows):
     diffs = {v: _max_diff(images[v], images["cpu_eager"]) for v in EXECUTORS}
     print("  pipeline: first calls " + ", ".join(f"{v} {first_call_s[v]:.1f} s" for v in VARIANTS),
           file=sys.stderr, flush=True)
-    samples = {v: [] for v in VARIANTS}
-    gc.collect()
-    gc.disable()  # collections between the calls only, never inside one
-    try:
-        for r in range(opts.rounds):
-            order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
-            for v in order if (r // 3) % 2 == 0 else reversed(order):
-                start = time.perf_counter()
-                image = bench_pipeline.generate(pipes[v], opts.size, opts.steps)
-                samples[v].append(time.perf_counter() - start)
-                if v != "cpu_eager":
-                    diffs[v] = max(diffs[v], _max_diff(image, images["cpu_eager"]))
-                gc.collect()
-            print(f"  pipeline round {r + 1}/{opts.rounds}: " + " / ".join(f"{samples[v][-1]:.2f}" for v in VARIANTS)
-                  + " s", file=sys.stderr, flush=True)
-    finally:
-        gc.enable()
+    def compare(v, image):
+        if v != "cpu_eager":
+            diffs[v] = max(diffs[v], _max_diff(image, images["cpu_eager"]))
+
+    samples = bench_pipeline.timed_rounds(pipes, VARIANTS, opts, compare)
     return {
         "name": f"demo pipeline, {opts.size}x{opts.size}, {opts.steps} steps", "unit": "s", "rounds": opts.rounds,
         "per_call": {v: _spread(samples[v]) for v in VARIANTS},
@@ -356,14 +332,7 @@ def markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="timed pipeline rounds (one call of each)")
-    parser.add_argument("--size", type=int, default=SIZE, help="pipeline height and width in pixels")
-    parser.add_argument("--steps", type=int, default=STEPS, help="pipeline num_inference_steps")
-    parser.add_argument("--_child", choices=EXECUTORS, help=argparse.SUPPRESS)
-    parser.add_argument("--_t0", type=float, help=argparse.SUPPRESS)
+    parser = bench_pipeline.pipeline_arguments(__doc__, EXECUTORS, SIZE, STEPS, ROUNDS)
     opts = parser.parse_args()
 
     torch.set_num_threads(opts.threads)
