@@ -5,6 +5,7 @@ Install without build isolation so the core links against the torch that will ru
 """
 import glob
 import os
+import platform
 
 # Importing torch autoloads an installed torch_neuronx, possibly a stale build of
 # this very project: the build must not depend on it.
@@ -14,6 +15,10 @@ from setuptools import setup  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# torch's x86-64 builds compile each CPU kernel for AVX2 and AVX-512, which shapes the declarations of
+# its DispatchStubs; declaring the same lets fast_ops.cpp call CPU's kernels on neuron tensors directly.
+DIRECT_CPU_STUBS = (["-DNEURON_DIRECT_CPU_STUBS", "-DHAVE_AVX512_CPU_DEFINITION", "-DHAVE_AVX2_CPU_DEFINITION"]
+                    if platform.machine() in ("x86_64", "AMD64") else [])
 
 
 class BuildCore(BuildExtension.with_options(use_ninja=True)):
@@ -30,7 +35,7 @@ setup(
         CppExtension(
             name="torch_neuronx._C",
             sources=sorted(glob.glob("csrc/*.cpp")),
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-parameter"],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", *DIRECT_CPU_STUBS],
         )
     ],
     cmdclass={"build_ext": BuildCore},

@@ -90,6 +90,13 @@ class CallContext {
   }
   // Propagate what the kernel did to aliased arguments (resize, set_, restride).
   void sync_mutated();
+  // For kernels that run CPU's code on the neuron tensors themselves (no aliases): what
+  // diagnostics observe of the call.
+  void observe(std::initializer_list<const at::Tensor*> inputs, const at::Tensor& result) {
+    if (C10_LIKELY(op_tracking_level() < 2)) return;
+    for (const at::Tensor* t : inputs) observed_inputs_.push_back(*t);
+    observed_results_.push_back(result);
+  }
 
  private:
   at::Tensor to_neuron_impl(const at::Tensor& cpu_result);

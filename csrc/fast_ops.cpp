@@ -4,16 +4,50 @@
 #include "dispatch.h"
 
 #include <ATen/CPUFunctions.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/TensorIterator.h>
 #include <torch/library.h>
 
 namespace neuron {
 namespace {
+
+// Same-shape, same-dtype, dense neuron operands on one device: CPU's structured kernel runs on the
+// neuron tensors themselves, writing a neuron output allocated at its final size. Neuron memory is
+// host memory, and the kernel's DispatchStub forwards PrivateUse1 to CPU's code (install_direct_stubs),
+// so this skips making CPU aliases and adopting the result. Anything else takes the alias path.
+bool direct_operands(const at::Tensor& a, const at::Tensor& b) {
+#if !defined(NEURON_DIRECT_CPU_STUBS)
+  return false;  // this build cannot name CPU's DispatchStub kernels (see setup.py)
+#endif
+  return a.device() == b.device() && a.device().type() == kNeuron && a.scalar_type() == b.scalar_type() &&
+         a.sizes().equals(b.sizes()) && a.is_contiguous() && b.is_contiguous() && !a.is_complex() &&
+         a.layout() == at::kStrided && b.layout() == at::kStrided && !a.is_conj() && !b.is_conj() && !a.is_neg() &&
+         !b.is_neg() && !a._is_zerotensor() && !b._is_zerotensor();
+}
+
+#if defined(NEURON_DIRECT_CPU_STUBS)
+void add_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
+  at::native::add_stub(c10::DeviceType::CPU, iter, alpha);
+}
+void mul_on_cpu(at::TensorIteratorBase& iter) { at::native::mul_stub(c10::DeviceType::CPU, iter); }
+void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c10::DeviceType::CPU, iter); }
+#endif
+
+#define NEURON_DIRECT_BINARY(CALL)                                  \
+  if (direct_operands(a, b)) {                                      \
+    at::Tensor out = at::empty(a.sizes(), a.options());             \
+    CALL;                                                           \
+    ctx.observe({&a, &b}, out);                                     \
+    return out;                                                     \
+  }
 
 // Binary elementwise ops with an alpha (add, sub) and without (mul, div):
 // functional, in-place and out= forms.
 #define NEURON_BINARY_WITH_ALPHA(OP)                                                              \
   at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {    \
     CallContext ctx("aten::" #OP ".Tensor");                                                      \
+    NEURON_DIRECT_BINARY(at::cpu::OP##_out(out, a, b, alpha))                                     \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     return ctx.to_neuron(at::cpu::OP(ca, cb, alpha));                                             \
@@ -35,9 +69,12 @@ namespace {
     return out;                                                                                   \
   }
 
-#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP, NAME)                                                \
+#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP, NAME, DIRECT)                                              \
   at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b) {                              \
     CallContext ctx(NAME);                                                                        \
+    if (DIRECT) {                                                                                 \
+      NEURON_DIRECT_BINARY(at::cpu::OP##_out(out, a, b))                                          \
+    }                                                                                             \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     return ctx.to_neuron(at::cpu::OP(ca, cb));                                                    \
@@ -62,12 +99,12 @@ namespace {
 
 NEURON_BINARY_WITH_ALPHA(add)
 NEURON_BINARY_WITH_ALPHA(sub)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mul, "aten::mul.Tensor")
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mul, "aten::mul.Tensor", true)
 NEURON_BINARY_INPLACE(mul)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor")
+NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor", a.is_floating_point())
 NEURON_BINARY_INPLACE(div)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm")
-NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm")
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm", false)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm", false)
 
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
                  const at::Scalar& alpha) {
@@ -163,7 +200,16 @@ std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const
 
 }  // namespace
 
+void install_direct_stubs() {
+#if defined(NEURON_DIRECT_CPU_STUBS)
+  at::native::add_stub.set_privateuse1_dispatch_ptr(&add_on_cpu);  // add and sub
+  at::native::mul_stub.set_privateuse1_dispatch_ptr(&mul_on_cpu);
+  at::native::div_true_stub.set_privateuse1_dispatch_ptr(&div_true_on_cpu);
+#endif
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  install_direct_stubs();
   m.impl("add.Tensor", TORCH_FN(add_tensor));
   m.impl("add_.Tensor", TORCH_FN(add_inplace));
   m.impl("add.out", TORCH_FN(add_out));
