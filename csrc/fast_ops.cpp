@@ -54,6 +54,11 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
   }                                                                                               \
   at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {        \
     CallContext ctx("aten::" #OP "_.Tensor");                                                     \
+    if (direct_operands(a, b)) {                                                                  \
+      at::cpu::OP##_(a, b, alpha);                                                                \
+      ctx.observe({&a, &b}, a);                                                                   \
+      return a;                                                                                   \
+    }                                                                                             \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     at::cpu::OP##_(ca, cb, alpha);                                                                \
@@ -88,9 +93,14 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
     return out;                                                                                   \
   }
 
-#define NEURON_BINARY_INPLACE(OP)                                                                 \
+#define NEURON_BINARY_INPLACE(OP, DIRECT)                                                               \
   at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b) {                                  \
     CallContext ctx("aten::" #OP "_.Tensor");                                                     \
+    if (DIRECT) {                                                                                 \
+      at::cpu::OP##_(a, b);                                                                       \
+      ctx.observe({&a, &b}, a);                                                                   \
+      return a;                                                                                   \
+    }                                                                                             \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     at::cpu::OP##_(ca, cb);                                                                       \
@@ -100,9 +110,9 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
 NEURON_BINARY_WITH_ALPHA(add)
 NEURON_BINARY_WITH_ALPHA(sub)
 NEURON_BINARY_FUNCTIONAL_AND_OUT(mul, "aten::mul.Tensor", true)
-NEURON_BINARY_INPLACE(mul)
+NEURON_BINARY_INPLACE(mul, direct_operands(a, b))
 NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor", a.is_floating_point())
-NEURON_BINARY_INPLACE(div)
+NEURON_BINARY_INPLACE(div, direct_operands(a, b) && a.is_floating_point())
 NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm", false)
 NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm", false)
 
