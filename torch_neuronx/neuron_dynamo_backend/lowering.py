@@ -99,6 +99,8 @@ def _first_error(diagnostics: list[tuple[str, str]], fallback: str) -> tuple[str
 
 def _first_unlowered(module, default: tuple[str, str]) -> tuple[str, str]:
     """(op, location) of the first aten op the failed pipeline left in ``module``."""
+    from torch_mlir import ir
+
     found = []
 
     def visit(op):
@@ -108,8 +110,8 @@ def _first_unlowered(module, default: tuple[str, str]) -> tuple[str, str]:
             name = str(operation.attributes["name"]).strip('"')
         if name.startswith("torch.aten."):
             found.append((name.removeprefix("torch."), str(operation.location)))
-            return _WALK_INTERRUPT
-        return _WALK_ADVANCE
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     return found[0] if found else default
@@ -121,25 +123,23 @@ def _site_of_location(location: str) -> str:
 
 
 def _count_ops(module) -> dict[str, int]:
+    from torch_mlir import ir
+
     counts: collections.Counter = collections.Counter()
 
     def visit(op):
         name = op.operation.name
         if name not in ("builtin.module", "func.func", "func.return"):
             counts[name] += 1
-        return _WALK_ADVANCE
+        return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     return dict(sorted(counts.items()))
 
 
-_WALK_ADVANCE = _WALK_INTERRUPT = None  # set on first use: torch_mlir.ir.WalkResult's
-
-
 def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
     """Lower ``gm`` (an FX graph of aten ops on fake or real tensors, with ``val`` metadata) to
     StableHLO, TorchNeuron's way. Raises LoweringError for an op that does not lower."""
-    global _WALK_ADVANCE, _WALK_INTERRUPT
     require_torch_mlir()
     from torch_mlir import ir
     from torch_mlir.compiler_utils import run_pipeline_with_repro_report
@@ -148,7 +148,6 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
 
     from torch_neuronx.neuron_dynamo_backend import stablehlo_passes
 
-    _WALK_ADVANCE, _WALK_INTERRUPT = ir.WalkResult.ADVANCE, ir.WalkResult.INTERRUPT
     start = time.perf_counter()
     context = ir.Context()
     torch_dialect.register_dialect(context)
