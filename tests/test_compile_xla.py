@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import torch_neuronx
 from torch_neuronx import diagnostics
 from torch_neuronx import neuron_dynamo_backend as backend
-from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError, xla_executor
+from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError, lowering, xla_executor
 
 from helpers import isolated
 from helpers.oracle import assert_same
@@ -313,6 +313,24 @@ def test_xla_programs_are_cached_across_dynamo_resets(monkeypatch, xla_compiles)
     assert torch.equal(first.cpu(), second.cpu())
     with torch.no_grad():
         assert_same(second, mlp()(x.cpu()), **FLOAT32)
+
+
+
+def test_a_cached_program_reports_its_stablehlo_without_lowering_again(monkeypatch, collect):
+    """On a cache hit the report gets the StableHLO op counts the entry recorded: nothing is lowered."""
+    model = mlp().to(N)
+    x = torch.randn(4, 16, device=N)
+    with torch.no_grad():
+        compile_xla(model, "option", monkeypatch)(x)
+        first = dict(collect().compiled_graphs[-1]["stablehlo_ops"])
+        torch._dynamo.reset()
+        lowered = []
+        monkeypatch.setattr(lowering, "lower", lambda *a, **k: lowered.append(a) or pytest.fail("lowered again"))
+        compile_xla(model, "option", monkeypatch)(x)
+    assert [m["cache"] for m in backend.get_dynamo_metrics()] == ["miss", "hit"] and not lowered
+    graph = collect().compiled_graphs[-1]
+    assert graph["lowering"] == "lowered" and graph["stablehlo_ops"] == first
+    assert first.get("stablehlo.dot_general") == 2
 
 
 CACHED_PROCESS = """

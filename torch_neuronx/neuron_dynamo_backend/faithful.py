@@ -20,7 +20,7 @@ from torch_neuronx.neuron_dynamo_backend.decompositions import attention_as_math
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.version import __version__
 
-EXECUTOR_FORMAT = "1"  # bump when what is cached for the xla executor changes
+EXECUTOR_FORMAT = "2"  # bump when what is cached for the xla executor changes
 
 
 @dataclasses.dataclass
@@ -117,11 +117,14 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
         if payload is not None:
             try:
                 start = time.perf_counter()
-                program, stablehlo = xla_executor.deserialize(payload)
+                program, stablehlo, op_counts = xla_executor.deserialize(payload)
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
-                if settings.on_lowered is not None or artifacts.preserved():
-                    _lower(shaped, settings)  # the report and the artifacts want the lowering itself
+                if artifacts.preserved():
+                    _lower(shaped, settings)  # the artifacts want every stage of the lowering itself
+                elif settings.on_lowered is not None:  # the report wants what the entry recorded
+                    settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,
+                                                              program.input_dtypes, 0.0), 0.0)
                 return program
             except Exception as error:  # noqa: BLE001 - a bad entry is recompiled, never fatal
                 import warnings
@@ -135,7 +138,7 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
         stats.compile_s += time.perf_counter() - start
         cache.record_compilation()
         if cache.enabled:
-            cache.put(key, xla_executor.serialize(program, lowered.stablehlo))
+            cache.put(key, xla_executor.serialize(program, lowered.stablehlo, lowered.op_counts))
         return program
 
 

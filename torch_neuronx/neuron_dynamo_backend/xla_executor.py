@@ -84,23 +84,24 @@ def compile_program(stablehlo: str, input_dtypes: list[torch.dtype], output_dtyp
 
 
 # A cache entry: a little-endian u32 header length, the JSON header, then the serialized executable.
-def serialize(program: XlaProgram, stablehlo: str) -> bytes:
+def serialize(program: XlaProgram, stablehlo: str, op_counts: dict[str, int]) -> bytes:
     executable = _client().serialize_executable(program.executable)
     header = json.dumps({"inputs": [str(d) for d in program.input_dtypes],
-                         "outputs": [str(d) for d in program.output_dtypes], "stablehlo": stablehlo}).encode()
+                         "outputs": [str(d) for d in program.output_dtypes], "stablehlo": stablehlo,
+                         "op_counts": op_counts}).encode()
     return struct.pack("<I", len(header)) + header + bytes(executable)
 
 
-def deserialize(payload: bytes) -> tuple[XlaProgram, str]:
+def deserialize(payload: bytes) -> tuple[XlaProgram, str, dict[str, int]]:
+    """(the program, its StableHLO, its StableHLO ops by kind) of a cache entry."""
     require_jax()
     (length,) = struct.unpack_from("<I", payload)
     header = json.loads(payload[4:4 + length])
     client = _client()
     executable = client.deserialize_executable(payload[4 + length:], client.devices()[:1], _compile_options())
-    by_name = {str(d): d for d in (*header_dtypes(header["inputs"]), *header_dtypes(header["outputs"]))}
-    return (XlaProgram(executable, [by_name[d] for d in header["inputs"]], [by_name[d] for d in header["outputs"]]),
-            header["stablehlo"])
+    program = XlaProgram(executable, _dtypes(header["inputs"]), _dtypes(header["outputs"]))
+    return program, header["stablehlo"], header["op_counts"]
 
 
-def header_dtypes(names: list[str]) -> list[torch.dtype]:
+def _dtypes(names: list[str]) -> list[torch.dtype]:
     return [getattr(torch, name.removeprefix("torch.")) for name in names]
