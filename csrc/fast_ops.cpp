@@ -42,6 +42,14 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
     return out;                                                     \
   }
 
+// The in-place form: CPU's kernel writes into the neuron tensor ``a`` itself.
+#define NEURON_DIRECT_INPLACE(WHEN, CALL)                           \
+  if (WHEN) {                                                       \
+    CALL;                                                           \
+    ctx.observe({&a, &b}, a);                                       \
+    return a;                                                       \
+  }
+
 // Binary elementwise ops with an alpha (add, sub) and without (mul, div):
 // functional, in-place and out= forms.
 #define NEURON_BINARY_WITH_ALPHA(OP)                                                              \
@@ -54,11 +62,7 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
   }                                                                                               \
   at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {        \
     CallContext ctx("aten::" #OP "_.Tensor");                                                     \
-    if (direct_operands(a, b)) {                                                                  \
-      at::cpu::OP##_(a, b, alpha);                                                                \
-      ctx.observe({&a, &b}, a);                                                                   \
-      return a;                                                                                   \
-    }                                                                                             \
+    NEURON_DIRECT_INPLACE(direct_operands(a, b), at::cpu::OP##_(a, b, alpha))                     \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     at::cpu::OP##_(ca, cb, alpha);                                                                \
@@ -96,11 +100,7 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
 #define NEURON_BINARY_INPLACE(OP, DIRECT)                                                               \
   at::Tensor& OP##_inplace(at::Tensor& a, const at::Tensor& b) {                                  \
     CallContext ctx("aten::" #OP "_.Tensor");                                                     \
-    if (DIRECT) {                                                                                 \
-      at::cpu::OP##_(a, b);                                                                       \
-      ctx.observe({&a, &b}, a);                                                                   \
-      return a;                                                                                   \
-    }                                                                                             \
+    NEURON_DIRECT_INPLACE(DIRECT, at::cpu::OP##_(a, b))                                           \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     at::cpu::OP##_(ca, cb);                                                                       \
