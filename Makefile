@@ -35,13 +35,17 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n auto --dist loadfile
 
+# Each script writes its numbers to $(BENCH_OUT); the last line prints every target in one table.
+BENCH_OUT := benchmarks/results
 bench: setup
-	$(PY) benchmarks/bench_eager.py
-	$(PY) benchmarks/bench_compile.py
-	$(PY) benchmarks/bench_distributed.py
-	$(PY) benchmarks/bench_pipeline.py
-	$(PY) benchmarks/bench_diagnostics.py
-	$(PY) benchmarks/bench_xla.py
+	mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_eager.py --json $(BENCH_OUT)/eager.json
+	$(PY) benchmarks/bench_compile.py --json $(BENCH_OUT)/compile.json
+	$(PY) benchmarks/bench_distributed.py --json $(BENCH_OUT)/distributed.json
+	$(PY) benchmarks/bench_pipeline.py --json $(BENCH_OUT)/pipeline.json
+	$(PY) benchmarks/bench_diagnostics.py --json $(BENCH_OUT)/diagnostics.json
+	$(PY) benchmarks/bench_xla.py --json $(BENCH_OUT)/xla.json
+	$(PY) benchmarks/targets.py $(BENCH_OUT)/*.json
 
 clean:
 	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)
