@@ -212,3 +212,45 @@ def test_report_page_in_chromium(run, tmp_path):
     assert shot.returncode == 0 and os.path.getsize(screenshot) > 10_000, shot.stderr[-2000:]
     assert pdf.returncode == 0 and os.path.getsize(printed) > 10_000, pdf.stderr[-2000:]
     print(f"\nthe report page as Chromium rendered it: {screenshot} (printed: {printed})")
+
+
+def test_verdict_of_a_program_that_would_fail(collect):
+    import torch
+
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
+        torch.compile(lambda x: x + 1)(torch.ones(2, device="neuron"))  # Inductor on neuron
+    torch._dynamo.reset()
+    report = collect()
+    assert report.verdict["status"] == "not ready" and report.verdict["places"]["would-fail"] == 1
+    assert str(report).splitlines()[1].startswith("Verdict (not ready): 1 place would fail on Trainium")
+    (row,) = [r for r in report.findings if r["severity"] == "would-fail"]
+    assert row["kind"] == "inductor-on-neuron" and 'backend="neuron"' in row["fix"]
+
+
+def test_where_names_an_installed_library_file_from_site_packages():
+    from torch_neuronx.diagnostics import text
+
+    root = next(p for p in sys.path if os.path.basename(p) == "site-packages")
+    installed = {"file": os.path.join(root, "diffusers", "models", "upsampling.py"), "line": 175, "site": ""}
+    assert text.where(installed) == "diffusers/models/upsampling.py:175"
+    assert text.where({"file": None, "line": None, "site": "neuron:0"}) == "neuron:0"
+
+
+def test_memory_near_a_cores_hbm_is_near_a_limit():
+    code = """
+        import torch
+        from torch_neuronx import diagnostics
+        diagnostics.start()
+        x = torch.empty(14 * 2**30, dtype=torch.uint8, device="neuron")  # pages are never touched
+        report = diagnostics.report()
+        print([(f["kind"], f["severity"], f["site"]) for f in report.findings])
+        print(report.verdict["text"])
+        """
+    # trn1.2xlarge at LNC=1: a core has 16 GiB of HBM, minus the runtime's reservation; 14 GiB is over 80%.
+    result = isolated.run(code, TORCH_NEURONX_INSTANCE_TYPE="trn1.2xlarge", TORCH_NEURONX_DEVICE_MEMORY="40GiB")
+    assert result.returncode == 0, result.stderr
+    found, verdict = result.stdout.strip().splitlines()
+    assert found == "[('memory-headroom', 'near-limit', 'neuron:0')]"
+    assert verdict.startswith("Verdict (ready with changes): 0 places would fail on Trainium, 0 compute differently, "
+                              "0 run slowly, 1 is near a limit;")

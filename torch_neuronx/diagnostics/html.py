@@ -59,9 +59,10 @@ def _table(headers: list[str], rows: list[list[object]], numeric: set[int] = fro
 
 def _verdict(report) -> str:
     v = report.verdict
-    labels = {"would-fail": "would fail", "computes-differently": "compute differently", "runs-slowly": "run slowly",
-              "near-limit": "near a limit"}
-    counts = "".join(f"<li><b>{n}</b>{'place' if n == 1 else 'places'} {escape(labels[severity])}</li>"
+    labels = {"would-fail": ("would fail", "would fail"),  # (one place, several)
+              "computes-differently": ("computes differently", "compute differently"),
+              "runs-slowly": ("runs slowly", "run slowly"), "near-limit": ("is near a limit", "are near a limit")}
+    counts = "".join(f"<li><b>{n}</b>{'place' if n == 1 else 'places'} {escape(labels[severity][n != 1])}</li>"
                      for severity, n in v["places"].items() if severity != "near-limit" or n)
     if report.collected:
         counts += f"<li><b>{escape(estimate(report.estimated_ms))}</b>estimated on {escape(report.profile['chip'])}</li>"

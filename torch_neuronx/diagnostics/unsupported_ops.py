@@ -77,7 +77,10 @@ TABLE: dict[str, UnsupportedOp] = {e.op: e for e in (
                "no-kernel", "supported-operators")
     + _entries("cumprod logcumsumexp _unique2 unique_consecutive bincount searchsorted bucketize median kthvalue "
                "mode", "runs on the CPU", ON_THE_CPU_ONCE, "no-kernel")
-    + _entries("max_pool2d_with_indices avg_pool2d _adaptive_avg_pool2d upsample_bilinear2d upsample_nearest2d "
+    + _entries("upsample_nearest2d", "runs on the CPU",
+               "for an integer scale factor, x.repeat_interleave(k, dim=-2).repeat_interleave(k, dim=-1) gives the "
+               "same result with ops that have NeuronCore kernels", "no-kernel")
+    + _entries("max_pool2d_with_indices avg_pool2d _adaptive_avg_pool2d upsample_bilinear2d "
                "grid_sampler_2d _embedding_bag scatter_reduce index_reduce roll linalg_cross _cdist_forward",
                "runs on the CPU",
                "express it with ops that have neuron kernels (matmul, elementwise, gather), or accept a host "
