@@ -24,7 +24,7 @@ SEVERITIES = {
     "would-fail": "would fail on Trainium",
     "computes-differently": "computes differently on Trainium",
     "runs-slowly": "runs slowly on Trainium",
-    "near-limit": "is near a limit on Trainium",
+    "near-limit": "near a limit on Trainium",
 }
 
 
