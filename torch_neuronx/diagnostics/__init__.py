@@ -60,7 +60,9 @@ def _print_at_exit() -> None:
               "nothing to report", file=sys.stderr)
         return
     try:
-        print(report(), file=sys.stderr)
+        result = report()
+        sys.stdout.flush()  # the program's output first, then the report
+        print(result, file=sys.stderr)
     except Exception as error:  # noqa: BLE001 - never turn a finished program into a failed one
         print(f"torch_neuronx: the report failed: {type(error).__name__}: {error}", file=sys.stderr)
 

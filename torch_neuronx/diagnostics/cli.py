@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         diagnostics.stop()
         result = diagnostics.report(options.profile)
         paths = diagnostics.write(result, options.output_dir)
+        sys.stdout.flush()  # the program's output first, then the report
         print(result, file=sys.stderr)
         print(f"\nReport written to {paths['txt']}, {paths['json']} and {paths['html']}", file=sys.stderr)
     return status

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -19,23 +19,66 @@ from torch_neuronx.runtime import BACKEND_NAME
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
 
-# Kinds, in the order the report lists them, with what each means on Trainium.
+# How bad a kind is on Trainium, worst first: the report lists findings in this order.
+SEVERITIES = {
+    "would-fail": "would fail on Trainium",
+    "computes-differently": "computes differently on Trainium",
+    "runs-slowly": "runs slowly on Trainium",
+    "near-limit": "near a limit on Trainium",
+}
+
+
+@dataclass(frozen=True)
+class Kind:
+    severity: str  # a key of SEVERITIES
+    meaning: str  # what happens on Trainium, in plain words
+    fix: str  # the change to make
+
+
+# Kinds, in the order the report lists them within a severity.
 KINDS = {
-    # errors first: the program stopped there (the same call fails on Trainium)
-    "inductor-on-neuron": "torch.compile's default backend (Inductor) has no neuron code generator, on Trainium "
-                          "either: compile with backend=\"neuron\"",
-    "safetensors-device": "safetensors rejects device=\"neuron\" (its device list is fixed), on Trainium too: "
-                          "load to CPU then .to(\"neuron\"), or pass device=0",
-    "stablehlo-lowering": "the compiled graph does not lower to StableHLO, so neuronx-cc never gets it: the "
-                          "compile fails on Trainium",
-    "cpu-fallback": "TorchNeuron runs this op on the CPU (a host round trip per call)",
-    "float64": "Trainium has no float64: TorchNeuron computes it in float32",
-    "int64-range": "TorchNeuron computes int64 in 32 bits: these values do not fit",
-    "host-sync-in-loop": "each call waits for the device and copies to the host",
-    "recompile": "each new input shape compiles a new graph (a NEFF), minutes each on neuronx-cc",
-    "graph-break": "the graph is split: more NEFFs, and host work between them",
-    "device-rng": "random numbers on the device: TorchNeuron draws them from the CPU generator",
-    "memory": "the peak memory of a core against its HBM",
+    "inductor-on-neuron": Kind(
+        "would-fail", "torch.compile's default backend (Inductor) has no code generator for neuron, on Trainium "
+        "either: the compile fails", 'compile with backend="neuron": torch.compile(model, backend="neuron")'),
+    "safetensors-device": Kind(
+        "would-fail", "safetensors rejects device=\"neuron\" (its list of devices is fixed), on Trainium too",
+        'load to CPU (device="cpu") and move with .to("neuron"), or pass device=0'),
+    "stablehlo-lowering": Kind(
+        "would-fail", "this op of a compiled graph does not lower to StableHLO, so neuronx-cc never gets the "
+        "graph: the compile fails on Trainium",
+        "replace the op with ones that lower, or run it outside the compiled function"),
+    "memory": Kind(
+        "would-fail", "the peak memory of this core exceeds its HBM: the program runs out of memory",
+        "shard the model over more cores (FSDP, tensor parallel), or use a smaller batch"),
+    "float64": Kind(
+        "computes-differently", "Trainium has no float64: TorchNeuron computes these ops in float32 (about 7 "
+        "significant digits instead of 16)",
+        "keep float32: drop .double() / dtype=torch.float64, or compute this value on the CPU if it needs float64"),
+    "int64-range": Kind(
+        "computes-differently", "TorchNeuron computes int64 in 32 bits: these values do not fit and wrap around",
+        "keep the values within the int32 range (e.g. offsets instead of absolute ids), or compute them on the CPU"),
+    "host-sync-in-loop": Kind(
+        "runs-slowly", "each call stops the device's queue, waits for the queued work and copies to the host, "
+        "so the NeuronCore idles",
+        "move it out of the loop: keep values on the device (total += loss.detach()) and read them once, or "
+        "every N steps"),
+    "cpu-fallback": Kind(
+        "runs-slowly", "TorchNeuron has no NeuronCore kernel for this op: every call copies its inputs to the "
+        "host, runs on the CPU and copies the result back",
+        "run it on the CPU once, outside the loop, or use an op that has a NeuronCore kernel"),
+    "device-rng": Kind(
+        "runs-slowly", "TorchNeuron draws random numbers on the CPU, then copies them to the device: a host "
+        "round trip per call", 'create the tensor on CPU and move it: torch.randn(...).to("neuron")'),
+    "recompile": Kind(
+        "runs-slowly", "each new input shape compiles a new graph (a NEFF), which takes minutes on neuronx-cc",
+        "pad or bucket the inputs to a few fixed shapes"),
+    "graph-break": Kind(
+        "runs-slowly", "the compiled graph is split here: more NEFFs to compile, and host work between them",
+        "move the Python side effect (print, .item(), an if on a tensor) out of the compiled function; "
+        "fullgraph=True names each break"),
+    "memory-headroom": Kind(
+        "near-limit", "the peak memory of this core is over 80% of its HBM",
+        "leave headroom: a smaller batch, or shard the model over more cores"),
 }
 
 
@@ -46,10 +89,6 @@ class Finding:
     site: str
     count: int = 0
     detail: str = ""
-
-    def as_dict(self) -> dict:
-        return {"kind": self.kind, "op": self.op, "site": self.site, "count": self.count, "detail": self.detail,
-                "meaning": KINDS.get(self.kind, "")}
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -100,12 +139,12 @@ class Detector:
         """What the op itself, and the float64/complex128 dtypes it saw on neuron, would do on Trainium."""
         hits = []
         entry = unsupported_ops.lookup(op)
-        if entry is not None:
-            hits.append(("cpu-fallback", f"{entry.reason} [{entry.source}]"))
+        if cost_model.uses_generator(op):  # most are in the table too: one finding says it
+            hits.append(("device-rng", "draws random numbers on neuron"))
+        elif entry is not None:
+            hits.append(("cpu-fallback", entry.reason))
         if wide:
             hits.append(("float64", f"{', '.join(sorted(wide))} tensors"))
-        if cost_model.uses_generator(op):
-            hits.append(("device-rng", "draws random numbers on neuron"))
         return hits
 
     def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:

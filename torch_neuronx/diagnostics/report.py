@@ -1,5 +1,7 @@
-"""The Trainium-readiness report: what ran, what a real NeuronCore would do differently, and an
-estimate of the time it would take there. ``torch_neuronx.report()`` builds one.
+"""The Trainium-readiness report: a verdict, what a real NeuronCore would do differently at each
+source line, an estimate of the time it would take there, and what ran. ``torch_neuronx.report()``
+builds one; ``to_json`` writes it with ``schema_version`` (raise it when a key changes meaning or
+goes away).
 """
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, unsupported_ops
+from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, places, unsupported_ops
 from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes
+from torch_neuronx.runtime.units import format_seconds
 
+SCHEMA_VERSION = 1
 TIMELINE_POINTS = 400
 
 
@@ -57,21 +61,27 @@ class MemoryRow:
 
 @dataclass
 class Report:
+    """What the JSON holds, in the order the text and HTML show it."""
+
+    schema_version: int
+    verdict: dict  # status, places per severity, estimated_ms, text (the report's first line)
     process: str  # "pid N", with the rank under torch.distributed
     profile: dict
     collected: bool
-    executed_ops: dict[str, int]
-    fallback_ops: dict[str, int]
-    neff_signatures: int  # distinct eager signatures: NEFF compiles in TorchNeuron's eager mode
-    compiled_graphs: list[dict]
-    signatures: list[SignatureRow]
-    findings: list[dict]
+    findings: list[dict]  # one row per source line and kind, worst first (see places.rows)
+    sources: list[dict]  # the footnotes findings cite by id: name and url
+    estimated_ms: float
     phases: list[PhaseRow]
     families: list[FamilyRow]
-    estimated_ms: float
+    signatures: list[SignatureRow]
+    compiled_graphs: list[dict]
+    neff_signatures: int  # distinct eager signatures: NEFF compiles in TorchNeuron's eager mode
     host_syncs: int  # host<->device copies and .item() calls
+    executed_ops: dict[str, int]
+    fallback_ops: dict[str, int]
     memory: list[MemoryRow]
-    memory_timeline: list[tuple[float, int]]
+    memory_timeline: list[tuple[float, int]]  # (seconds since the first neuron allocation, bytes allocated)
+    memory_timeline_device: str
     assumptions: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -150,14 +160,55 @@ def _memory_findings(rows: list[MemoryRow], profile: cost_model.TrainiumProfile)
     out = []
     for row in rows:
         if row.peak_bytes > hbm:
-            detail = (f"peak {format_bytes(row.peak_bytes)} exceeds the {format_bytes(hbm)} a core has: "
-                      "this would run out of memory (shard the model, or use a smaller batch)")
+            out.append(findings.Finding("memory", "-", row.device, 1,
+                                        f"peak {format_bytes(row.peak_bytes)} exceeds the {format_bytes(hbm)} a core "
+                                        "has: this would run out of memory"))
         elif row.peak_bytes > 0.8 * hbm:
-            detail = f"peak {format_bytes(row.peak_bytes)} is over 80% of the core's {format_bytes(hbm)}"
-        else:
-            continue
-        out.append(findings.Finding("memory", "-", row.device, 1, detail))
+            out.append(findings.Finding("memory-headroom", "-", row.device, 1,
+                                        f"peak {format_bytes(row.peak_bytes)} is over 80% of the core's "
+                                        f"{format_bytes(hbm)}"))
     return out
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def verdict(report: Report) -> dict:
+    """The report's first line: how many places would fail, compute differently or run slowly on
+    Trainium, and the estimated time."""
+    counts = places.places_by_severity(report.findings)
+    fail, differ, slow, limit = (counts[k] for k in ("would-fail", "computes-differently", "runs-slowly",
+                                                     "near-limit"))
+    status = "not ready" if fail else "ready with changes" if differ or slow or limit else "ready"
+    where = (f"{_plural(fail, 'place would', 'places would')} fail on Trainium, "
+             f"{_plural(differ, 'computes', 'compute')} differently, {_plural(slow, 'runs', 'run')} slowly"
+             + (f", {_plural(limit, 'is', 'are')} near a limit" if limit else ""))
+    profile = report.profile
+    if report.collected:
+        estimate = (f"estimated time on {profile['chip']} at LNC={profile['lnc']}: "
+                    f"{format_seconds(report.estimated_ms / 1e3)} (a roofline estimate, not a measurement)")
+    else:
+        status = "not checked"
+        estimate = "calls were not observed, so there is no estimate and only memory was checked"
+    return {"status": status, "places": counts, "estimated_ms": report.estimated_ms,
+            "text": f"Verdict ({status}): {where}; {estimate}."}
+
+
+def _from_first_allocation(timeline: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The samples from the first one with neuron memory allocated, timed from it (what came before,
+    imports and setup, is a flat line at zero)."""
+    first = next((i for i, (_, allocated) in enumerate(timeline) if allocated > 0), None)
+    if first is None:
+        return []
+    start = timeline[first][0]
+    return [(t - start, allocated) for t, allocated in timeline[first:]]
+
+
+def _with_findings(report: Report, found: list[findings.Finding]) -> Report:
+    report.findings, report.sources = places.rows(found)
+    report.verdict = verdict(report)
+    return report
 
 
 def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
@@ -170,17 +221,20 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
         collector.switch_phase(collector.phase.name)  # bring the current phase's wall time up to date
     executed = op_tracking.get_op_counts()
     memory = _memory_rows()
-    report = Report(process=_process(), profile=profile.as_dict(), collected=collector is not None, executed_ops=executed,
-                    fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)}, neff_signatures=0, compiled_graphs=[],
-                    signatures=[], findings=[], phases=[], families=[], estimated_ms=0.0, host_syncs=0,
-                    memory=memory, memory_timeline=[], assumptions=cost_model.assumptions(profile))
+    timeline_device = f"{BACKEND_NAME}:{torch.neuron.current_device()}" if torch.neuron.is_initialized() else ""
+    report = Report(schema_version=SCHEMA_VERSION, verdict={}, process=_process(), profile=profile.as_dict(),
+                    collected=collector is not None, findings=[], sources=[], estimated_ms=0.0, phases=[],
+                    families=[], signatures=[], compiled_graphs=[], neff_signatures=0, host_syncs=0,
+                    executed_ops=executed,
+                    fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)},
+                    memory=memory, memory_timeline=[], memory_timeline_device=timeline_device,
+                    assumptions=cost_model.assumptions(profile))
     found = _memory_findings(memory, profile)
     if collector is None:
         report.assumptions.insert(0, "Calls were not observed: only op counts and memory are reported. Set "
                                      "TORCH_NEURONX_REPORT=1, run under `python -m torch_neuronx.run`, or call "
                                      "torch_neuronx.diagnostics.start() first.")
-        report.findings = [f.as_dict() for f in found]
-        return report
+        return _with_findings(report, found)
 
     with collector.lock:
         phases = [(p.name, p.seconds, dict(p.calls), dict(p.graph_calls)) for p in collector.phases.values()]
@@ -226,8 +280,5 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
          "lowering": g.lowering, "lowering_s": g.lowering_s, "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
         for name, g in graphs.items()]
     found = collector.detector.collected() + findings.compile_findings(collector.known_compile_ids) + found
-    order = list(findings.KINDS)
-    found.sort(key=lambda f: (order.index(f.kind) if f.kind in order else len(order), -f.count, f.site))
-    report.findings = [f.as_dict() for f in found]
-    report.memory_timeline = _downsample(timeline, TIMELINE_POINTS)
-    return report
+    report.memory_timeline = _downsample(_from_first_allocation(timeline), TIMELINE_POINTS)
+    return _with_findings(report, found)

@@ -1,8 +1,15 @@
-"""The report as a readable text table (what ``print(torch_neuronx.report())`` shows)."""
+"""The report as readable text (what ``print(torch_neuronx.report())`` shows): the verdict, the
+findings by source line, the estimate, what ran, memory and assumptions, in that order (the HTML
+page keeps the same order)."""
 from __future__ import annotations
 
-from torch_neuronx.diagnostics import findings
+import os
+import sys
+
+from torch_neuronx.diagnostics import findings, places
+from torch_neuronx.diagnostics.cost_model import NOT_ESTIMATED
 from torch_neuronx.runtime import format_bytes
+from torch_neuronx.runtime.units import format_seconds
 
 TOP_SIGNATURES = 12
 
@@ -14,63 +21,108 @@ def count(n: float) -> str:
     return f"{int(n)}"
 
 
-def _families(rows, indent: str = "  ") -> list[str]:
-    lines = [f"{indent}{'op family':<16} {'calls':>8} {'FLOPs':>9} {'bytes':>11} {'est. ms':>10}  bound"]
-    for r in rows:
-        est = "-" if r.bound == "not estimated" else f"{r.estimated_ms:.4f}"
-        lines.append(f"{indent}{r.family:<16} {r.calls:>8} {count(r.flops):>9} {format_bytes(r.bytes):>11} {est:>10}  "
-                     f"{r.bound}")
+def estimate(ms: float, estimated: bool = True) -> str:
+    """An estimated time in milliseconds, in the unit that reads best ('-' when not estimated)."""
+    return format_seconds(ms / 1e3) if estimated else "-"
+
+
+def _library_roots() -> list[str]:
+    return sorted((p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")), key=len,
+                  reverse=True)
+
+
+def where(row: dict) -> str:
+    """A finding's place, file:line: relative to the working directory when the file is inside it, to
+    site-packages for an installed library's file (diffusers/models/upsampling.py), else in full."""
+    if row["file"] is None:
+        return row["site"]
+    path = row["file"]
+    for root in _library_roots():
+        if path.startswith(root + os.sep):
+            return f"{os.path.relpath(path, root)}:{row['line']}"
+    relative = os.path.relpath(path) if os.path.isabs(path) else path
+    return f"{path if relative.startswith('..') else relative}:{row['line']}"
+
+
+def ops_seen(row: dict) -> str:
+    """'_to_copy x1, mul x1, sum x1 (float64 tensors)', with where the calls ran when it is not plain code."""
+    text = ", ".join(f"{places.short_op(op)} x{n}" for op, n in row["ops"].items() if op != "-")
+    details = "; ".join(row["details"])
+    if details:
+        text = f"{text} ({details})" if text else details
+    if row["context"]:
+        text += f", in {' and '.join(row['context'])}"
+    return text
+
+
+def heading(severity: str, rows: list[dict]) -> str:
+    n = len({r["site"] for r in rows})
+    return f"{findings.SEVERITIES[severity][0].upper()}{findings.SEVERITIES[severity][1:]} " \
+           f"({n} place{'s' if n != 1 else ''})"
+
+
+def by_severity(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    return [(severity, [r for r in rows if r["severity"] == severity]) for severity in findings.SEVERITIES
+            if any(r["severity"] == severity for r in rows)]
+
+
+def _findings(report) -> list[str]:
+    if not report.findings:
+        return ["Findings: none." if report.collected else "Findings: calls were not observed."]
+    lines = ["Findings, worst first: one row per source line and kind, with the ops seen there and their calls."]
+    width = max(len(where(r)) for r in report.findings)
+    for severity, rows in by_severity(report.findings):
+        lines += ["", heading(severity, rows)]
+        for r in rows:
+            notes = "".join(f" [{n}]" for n in r["sources"])
+            lines.append(f"  {where(r):<{width}}  [{r['kind']}]  {r['code']}".rstrip())
+            lines.append(f"      Means: {r['meaning']}.{notes}")
+            lines.append(f"      Seen:  {ops_seen(r)}")
+            lines.append(f"      Fix:   {r['fix']}.")
+    if report.sources:
+        lines += ["", "Sources:"]
+        lines += [f"  [{s['id']}] {s['name']}: {s['url']}" for s in report.sources]
     return lines
 
 
-def render(report) -> str:
-    lines = [f"Trainium readiness report (torch-neuronx-cpu: every op ran on the host; {report.process})", ""]
-    lines.append(f"Profile: {report.profile['name']}")
+def _families(rows, indent: str = "  ") -> list[str]:
+    lines = [f"{indent}{'op family':<16} {'calls':>8} {'FLOPs':>9} {'bytes':>11} {'est. time':>10}  bound"]
+    for r in rows:
+        lines.append(f"{indent}{r.family:<16} {r.calls:>8} {count(r.flops):>9} {format_bytes(r.bytes):>11} "
+                     f"{estimate(r.estimated_ms, r.bound != 'not estimated'):>10}  {r.bound}")
+    return lines
+
+
+def _estimate(report) -> list[str]:
+    lines = [f"ESTIMATED time on {report.profile['chip']} at LNC={report.profile['lnc']} (a roofline model, not a "
+             f"measurement): {estimate(report.estimated_ms)}"]
+    lines.extend(_families(report.families))
+    lines.append("")
+    lines.append(f"  {'phase':<32} {'wall time here':>14} {'eager calls':>11} {'graph calls':>11} {'est. time':>10}")
+    for p in report.phases:
+        lines.append(f"  {p.name[:32]:<32} {format_seconds(p.wall_s):>14} {p.eager_calls:>11} "
+                     f"{p.compiled_graph_calls:>11} {estimate(p.estimated_ms):>10}")
+    lines.append("")
+    shown = report.signatures[:TOP_SIGNATURES]
+    lines.append(f"  Top signatures by estimated time ({len(shown)} of {len(report.signatures)}):")
+    for s in shown:
+        each = "not estimated" if s.family in NOT_ESTIMATED else f"{estimate(s.estimated_us / 1e3)} each"
+        lines.append(f"    {s.op}({', '.join(s.inputs)}) x{s.calls}: {each} [{s.family}]")
+    return lines
+
+
+def _what_ran(report) -> list[str]:
     ops = sum(report.executed_ops.values())
-    lines.append(f"Ops executed on neuron: {ops} calls of {len(report.executed_ops)} ops; "
-                 f"on Trainium, {len(report.fallback_ops)} of them would run on the CPU"
-                 + (f" ({', '.join(report.fallback_ops)})" if report.fallback_ops else ""))
+    lines = [f"What ran on neuron: {ops} calls of {len(report.executed_ops)} ops; on Trainium, "
+             f"{len(report.fallback_ops)} of them would run on the CPU"
+             + (f" ({', '.join(report.fallback_ops)})" if report.fallback_ops else "")]
     if report.collected:
-        lines.append(f"Eager op signatures (op, shapes, dtypes): {report.neff_signatures} -> as many NEFF compiles "
+        lines.append(f"  Eager op signatures (op, shapes, dtypes): {report.neff_signatures}, as many NEFF compiles "
                      "in TorchNeuron's eager mode (its first-run warm-up)")
-        lines.append(f"Compiled graphs: {len(report.compiled_graphs)} (one NEFF each); host<->device transfers and .item(): "
-                     f"{report.host_syncs}")
+        lines.append(f"  Compiled graphs: {len(report.compiled_graphs)} (one NEFF each); host<->device transfers "
+                     f"and .item(): {report.host_syncs}")
         lines.extend(_lowering_lines(report.compiled_graphs))
-    lines.append("")
-
-    lines.append(f"Findings ({len(report.findings)}):")
-    if not report.findings:
-        lines.append("  none" if report.collected else "  (calls were not observed)")
-    for f in report.findings:
-        lines.append(f"  [{f['kind']}] {f['op']} x{f['count']} at {f['site']}")
-        lines.append(f"      {f['detail']}. {findings.KINDS.get(f['kind'], '')}.")
-    lines.append("")
-
-    if report.collected:
-        lines.append(f"ESTIMATED time on {report.profile['chip']} (a roofline model, not a measurement): "
-                     f"{report.estimated_ms:.3f} ms")
-        lines.extend(_families(report.families))
-        lines.append("")
-        lines.append(f"  {'phase':<32} {'wall s here':>11} {'eager calls':>11} {'graph calls':>11} {'est. ms':>10}")
-        for p in report.phases:
-            lines.append(f"  {p.name[:32]:<32} {p.wall_s:>11.3f} {p.eager_calls:>11} {p.compiled_graph_calls:>11} "
-                         f"{p.estimated_ms:>10.4f}")
-        lines.append("")
-        lines.append(f"  Top signatures by estimated time (of {len(report.signatures)}):")
-        for s in report.signatures[:TOP_SIGNATURES]:
-            lines.append(f"    {s.op}({', '.join(s.inputs)}) x{s.calls}: {s.estimated_us:.3f} us each "
-                         f"[{s.family}]")
-        lines.append("")
-
-    lines.append("Memory (peak since start / emulated capacity):")
-    for m in report.memory:
-        lines.append(f"  {m.device}: {format_bytes(m.peak_bytes)} / {format_bytes(m.emulated_capacity_bytes)}")
-    if not report.memory:
-        lines.append("  neuron was not used")
-    lines.append("")
-    lines.append("Assumptions:")
-    lines.extend(f"  - {a}" for a in report.assumptions)
-    return "\n".join(lines)
+    return lines
 
 
 def _lowering_lines(graphs: list[dict]) -> list[str]:
@@ -78,11 +130,32 @@ def _lowering_lines(graphs: list[dict]) -> list[str]:
     if not graphs:
         return []
     total = sum(g.get("lowering_s", 0.0) for g in graphs)
-    lines = [f"StableHLO lowering (TorchNeuron's front end, torch-mlir): {total:.2f} s for {len(graphs)} graph(s)"]
+    lines = [f"  StableHLO lowering (TorchNeuron's front end, torch-mlir): {format_seconds(total)} for "
+             f"{len(graphs)} graph(s)"]
     for g in graphs:
         kinds = g.get("stablehlo_ops") or {}
         ops = ", ".join(f"{name.removeprefix('stablehlo.')} {n}" for name, n in
                         sorted(kinds.items(), key=lambda item: -item[1])[:8])
-        lines.append(f"  {g['name']}: {g.get('lowering', 'not lowered')}"
+        lines.append(f"    {g['name']}: {g.get('lowering', 'not lowered')}"
                      + (f", {sum(kinds.values())} ops ({ops}{', ...' if len(kinds) > 8 else ''})" if kinds else ""))
     return lines
+
+
+def _memory(report) -> list[str]:
+    lines = ["Memory (peak since start / emulated capacity):"]
+    for m in report.memory:
+        lines.append(f"  {m.device}: {format_bytes(m.peak_bytes)} / {format_bytes(m.emulated_capacity_bytes)}")
+    if not report.memory:
+        lines.append("  neuron was not used")
+    return lines
+
+
+def render(report) -> str:
+    sections = [[f"Trainium readiness report (torch-neuronx-cpu: every op ran on this host's CPU; {report.process})",
+                 report.verdict["text"]],
+                _findings(report)]
+    if report.collected:
+        sections.append(_estimate(report))
+    sections += [_what_ran(report), _memory(report),
+                 [f"Assumptions (profile: {report.profile['name']}):", *(f"  - {a}" for a in report.assumptions)]]
+    return "\n\n".join("\n".join(lines) for lines in sections)

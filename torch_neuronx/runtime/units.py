@@ -1,4 +1,4 @@
-"""Sizes in bytes as people read them."""
+"""Sizes in bytes and durations as people read them."""
 
 
 def format_bytes(nbytes: float) -> str:
@@ -11,3 +11,21 @@ def format_bytes(nbytes: float) -> str:
         if value < 1024:
             return f"{sign}{value:.2f} {unit}"
     return f"{sign}{value / 1024:.2f} TiB"
+
+
+_TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9))
+
+
+def format_seconds(seconds: float) -> str:
+    """``1.25 s``, ``340 ms``, ``12.5 µs``, ``0.8 ns``: three significant digits in the unit that keeps
+    the number between 1 and 999 (so a small time never prints as ``0.0000 ms``)."""
+    if seconds == 0:
+        return "0 s"
+    sign, value = ("-", -seconds) if seconds < 0 else ("", seconds)
+    for unit, scale in _TIME_UNITS:
+        if value >= scale * 0.9995:  # rounds to at least 1 in this unit
+            break
+    scaled = value / scale
+    if scaled < 0.01:
+        return f"{sign}<0.01 ns"
+    return f"{sign}{scaled:.3g} {unit}" if scaled < 999.5 else f"{sign}{scaled:.0f} {unit}"

@@ -1,0 +1,106 @@
+"""Findings as the report shows them: one row per source line and kind, worst first.
+
+The detector records a finding per (kind, op, site). A reader wants the line: its code, what
+happens there on Trainium, and the change to make. So the findings of one line and kind merge
+into one row (their ops and counts kept), rows are sorted by severity and then by file and line,
+and the sources behind the unsupported-op table become numbered footnotes.
+"""
+from __future__ import annotations
+
+import linecache
+
+from torch_neuronx.diagnostics import unsupported_ops
+from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding
+
+CODE_LIMIT = 160  # characters of a source line shown
+COMPILED_SUFFIX = " (compiled)"
+
+
+def split_site(site: str) -> tuple[str | None, int | None, str]:
+    """'file:line' -> (file, line, ''); 'backward (MulBackward0) from file:line' -> (..., 'backward
+    (MulBackward0)'); 'file:line (compiled)' -> (..., 'a compiled graph'); no line -> (None, None, '')."""
+    context = ""
+    if site.startswith("backward ("):
+        node, _, rest = site[len("backward ("):].partition(")")
+        context, site = f"backward ({node})", rest.removeprefix(" from ")
+    if site.endswith(COMPILED_SUFFIX):
+        context, site = context or "a compiled graph", site[:-len(COMPILED_SUFFIX)]
+    filename, colon, line = site.rpartition(":")
+    if colon and line.isdigit() and filename:
+        return filename, int(line), context
+    return None, None, context
+
+
+def source_line(filename: str | None, line: int | None) -> str:
+    """The text of a source line, stripped ('' when the file cannot be read, e.g. ``python -c``)."""
+    if not filename or not line:
+        return ""
+    text = linecache.getline(filename, line).strip()
+    return text if len(text) <= CODE_LIMIT else text[:CODE_LIMIT - 3] + "..."
+
+
+def short_op(op: str) -> str:
+    """'aten::sum.dim_IntList' -> 'sum'; names that are not aten ops stay as they are."""
+    return op[len("aten::"):].partition(".")[0] if op.startswith("aten::") else op
+
+
+def _fix(kind: str, ops: dict[str, int], details: list[str]) -> str:
+    if kind in ("cpu-fallback", "device-rng"):  # the table's fix for the op, when it has one
+        fixes = [entry.fix for entry in map(unsupported_ops.lookup, ops) if entry is not None]
+        if fixes:
+            return "; ".join(dict.fromkeys(fixes))
+    fix = KINDS[kind].fix if kind in KINDS else ""
+    if kind == "host-sync-in-loop":  # name what to move, from what the detector saw
+        what = [name for name, prefix in ((".item()", ".item()"), (".cpu()", ".cpu()"), (".cpu()", "a copy"),
+                                          ("print", "printing")) if any(d.startswith(prefix) for d in details)]
+        if what:
+            fix = f"move {' / '.join(dict.fromkeys(what))} out of the loop: " + fix.removeprefix("move it out of the loop: ")
+    return fix
+
+
+def _sources(kind: str, ops: dict[str, int]) -> list[str]:
+    if kind not in ("cpu-fallback", "device-rng"):
+        return []
+    keys = [key for entry in map(unsupported_ops.lookup, ops) if entry is not None for key in entry.sources]
+    return list(dict.fromkeys(keys))
+
+
+def rows(found: list[Finding]) -> tuple[list[dict], list[dict]]:
+    """(one row per line and kind, sorted worst first; the footnotes the rows cite)."""
+    merged: dict[tuple, dict] = {}
+    for f in found:
+        filename, line, context = split_site(f.site)
+        key = (f.kind, filename, line) if filename else (f.kind, f.site)
+        row = merged.get(key)
+        if row is None:
+            kind = KINDS.get(f.kind)
+            row = merged[key] = {
+                "severity": kind.severity if kind else "runs-slowly", "kind": f.kind,
+                "site": f"{filename}:{line}" if filename else f.site, "file": filename, "line": line,
+                "code": source_line(filename, line), "context": [], "ops": {}, "count": 0, "details": [],
+                "meaning": kind.meaning if kind else "", "fix": "", "sources": []}
+        row["ops"][f.op] = row["ops"].get(f.op, 0) + f.count
+        row["count"] += f.count
+        if f.detail and f.detail not in row["details"]:
+            row["details"].append(f.detail)
+        if context and context not in row["context"]:
+            row["context"].append(context)
+    severity_order, kind_order = list(SEVERITIES), list(KINDS)
+    ordered = sorted(merged.values(), key=lambda r: (
+        severity_order.index(r["severity"]), r["file"] is None, r["file"] or r["site"], r["line"] or 0,
+        kind_order.index(r["kind"]) if r["kind"] in kind_order else len(kind_order)))
+    footnotes: dict[str, int] = {}
+    for row in ordered:
+        row["fix"] = _fix(row["kind"], row["ops"], row["details"])
+        row["sources"] = [footnotes.setdefault(key, len(footnotes) + 1) for key in _sources(row["kind"], row["ops"])]
+    notes = [{"id": number, "name": unsupported_ops.SOURCES[key].name, "url": unsupported_ops.SOURCES[key].url}
+             for key, number in footnotes.items()]
+    return ordered, notes
+
+
+def places_by_severity(found_rows: list[dict]) -> dict[str, int]:
+    """How many places (source lines, or devices) have a finding of each severity."""
+    seen: dict[str, set] = {severity: set() for severity in SEVERITIES}
+    for row in found_rows:
+        seen.setdefault(row["severity"], set()).add(row["site"])
+    return {severity: len(sites) for severity, sites in seen.items()}
