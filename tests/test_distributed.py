@@ -193,6 +193,30 @@ def test_collective_checks_are_on_by_default_can_be_turned_off_and_reject_a_bad_
     assert off.stdout.splitlines()[0] == "ProcessGroup ProcessGroupGloo"
 
 
+def test_the_checked_group_runs_every_method_torchs_trampoline_covers_on_its_stock_group():
+    # torch's trampoline (PyProcessGroup.hpp) runs a Python group's C++ base method holding the GIL, so a
+    # collective it covers that CheckedProcessGroup leaves to its base (or calls through super()) would
+    # enqueue into Gloo holding the GIL and could deadlock with Gloo's worker (docs/notes.md 31). The
+    # methods are read from the installed header: a torch that covers one more fails here.
+    import inspect
+    import re
+
+    import torch
+    from torch_neuronx.collective_checks import CheckedProcessGroup
+
+    header = os.path.join(os.path.dirname(torch.__file__), "include", "torch", "csrc", "distributed", "c10d",
+                          "PyProcessGroup.hpp")
+    with open(header) as f:
+        source = f.read()
+    covered = set(re.findall(r"c10::intrusive_ptr<Work> (\w+)\(", source))
+    assert {"allreduce", "broadcast", "send", "recv"} <= covered, covered
+    for name in sorted(covered):
+        method = CheckedProcessGroup.__dict__.get(name)
+        assert method is not None, f"CheckedProcessGroup leaves {name} to torch's trampoline"
+        body = inspect.getsource(method)
+        assert f"self._stock.{name}(" in body and "super()" not in body, body
+
+
 def test_compiled_training_through_dtensor_parameters_is_a_clear_compile_error():
     r = run("""
         import torch, torch.distributed as dist

@@ -13,12 +13,21 @@ the group's own Gloo, so Gloo never sees mismatched sizes.
 
 The group is a Python ``ProcessGroup`` whose backend, for CPU and neuron tensors, is Gloo: torch
 calls its collective methods (from Python, and from C++ through the methods torch lets Python
-override), it checks and then runs the stock method. Point-to-point calls are not checked (there
-is no common call to compare).
+override); it checks, then runs the call on a plain C++ ``ProcessGroup`` over the same Gloo (the
+"stock" group), never through its own C++ base. Point-to-point calls are not checked (there is no
+common call to compare), but take the same route.
+
+Why the stock group: torch's trampoline runs a Python group's C++ base method holding the GIL
+(``WORK_OVERRIDE`` in PyProcessGroup.hpp takes it to look for an override, finds none when
+called from the override itself, and calls the base with it held), so ``super().allreduce``
+would enqueue into Gloo holding the GIL. Gloo's worker destroys a finished Work holding the
+queue's lock, and dropping a Work's last reference to a tensor that has a Python object takes
+the GIL: the two would deadlock. The stock group is a plain ``ProcessGroup`` (no Python
+subclass, so no trampoline) and torch binds its methods with the GIL released, so every
+enqueue happens without the GIL, and a worker waiting for it always gets it.
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 import mmap
 import os
@@ -38,7 +47,6 @@ SLOT_BYTES = HEADER.size + TEXT_BYTES + (-(HEADER.size + TEXT_BYTES)) % 64
 BOARD_DIR = "/dev/shm"
 # A waiting rank checks its peers' processes and the timeout this often.
 LIVENESS_EVERY_S = 0.1
-KEEP_AFTER_DONE_S = 1.0
 
 
 # ---------------------------------------------------------------- describing a call
@@ -179,11 +187,14 @@ class CheckedProcessGroup(PG):
 
     def __init__(self, gloo, store, rank: int, size: int, timeout):
         super().__init__(rank, size)
-        for device in ("cpu", "neuron"):
-            self._register_backend(torch.device(device), PG.BackendType.CUSTOM, gloo)
-        self._set_default_backend(PG.BackendType.CUSTOM)
+        # Collectives run on this plain group: torch releases the GIL in its methods (see above).
+        self._stock = PG(rank, size)
+        for group in (self, self._stock):
+            for device in ("cpu", "neuron"):
+                group._register_backend(torch.device(device), PG.BackendType.CUSTOM, gloo)
+            group._set_default_backend(PG.BackendType.CUSTOM)
         self._gloo, self._seq, self._timeout_s = gloo, 0, timeout.total_seconds()
-        self._board, self._single, self._sent, self._in_flight = None, size == 1, None, collections.deque()
+        self._board, self._single, self._sent = None, size == 1, None
         if size > 1:
             store.set(f"neuron_checks/host/{rank}", _host_key())
             keys = {store.get(f"neuron_checks/host/{r}") for r in range(size)}
@@ -233,33 +244,12 @@ class CheckedProcessGroup(PG):
                     f"of group {self.group_name!r}). Every rank must call the same collectives, in the same "
                     f"order, on tensors of the same shapes and dtypes.")
 
-    def _keep(self, work):
-        """Hold each Work until well after it completed. torch runs the stock method of a Python
-        ProcessGroup holding the GIL, and Gloo's worker drops a finished Work holding the lock that
-        enqueuing takes: if that drop releases the last reference to a tensor Python once held, it
-        waits for the GIL, and the two deadlock. Released here instead, on the caller's thread, a
-        Work's tensors never need it; the worker drops its reference just after completing."""
-        now = time.monotonic()
-        held = self._in_flight  # oldest first; a later Work's clock starts when it is the oldest
-        while held:
-            if held[0][1] is None:
-                if not held[0][0].is_completed():
-                    break
-                held[0][1] = now
-            if now - held[0][1] < KEEP_AFTER_DONE_S:
-                break
-            held.popleft()
-        held.append([work, None])
-        return work
-
     def _waiting(self, call, ranks):
         return (f"rank {self.rank()} is running {call} (collective #{self._seq} of group {self.group_name!r}), "
                 f"waiting for rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
 
     def _exchange(self, text: bytes) -> list[bytes]:
-        if self._sent is None:
-            # Kept for the group's life: Gloo's worker releases a finished Work's tensors, and the
-            # release of a tensor Python no longer holds takes the GIL.
+        if self._sent is None:  # fixed-size buffers, allocated once
             self._sent = torch.zeros(TEXT_BYTES, dtype=torch.uint8)
             self._gathered = torch.zeros(self.size() * TEXT_BYTES, dtype=torch.uint8)
         sent = self._sent.numpy()
@@ -270,75 +260,80 @@ class CheckedProcessGroup(PG):
 
     # -- collectives torch calls from Python, and from C++ where it lets Python override
 
-    def allreduce(self, tensors, opts=None):
-        if not isinstance(opts, dist.AllreduceOptions):
-            return self._keep(super().allreduce(tensors, opts) if opts is not None else super().allreduce(tensors))
+    def allreduce(self, tensors, opts=None, timeout=None):
+        if not isinstance(opts, dist.AllreduceOptions):  # torch's other forms: (tensor(s)[, op[, timeout]])
+            op, opts = opts, dist.AllreduceOptions()
+            if op is not None:
+                opts.reduceOp = op
+            if timeout is not None:
+                opts.timeout = timeout
+            tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
         self._check(f"all_reduce({_tensors(tensors)}, {_op(opts)})")
-        return self._keep(super().allreduce(tensors, opts))
+        return self._stock.allreduce(tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts):
         self._check(f"all_reduce_coalesced({_tensors(tensors)}, {_op(opts)})")
-        return self._keep(super().allreduce_coalesced(tensors, opts))
+        return self._stock.allreduce_coalesced(tensors, opts)
 
     def broadcast(self, tensors, opts):
         self._check(f"broadcast({_tensors(tensors)}, src={opts.rootRank})")
-        return self._keep(super().broadcast(tensors, opts))
+        return self._stock.broadcast(tensors, opts)
 
     def reduce(self, tensors, opts):
         self._check(f"reduce({_tensors(tensors)}, {_op(opts)}, dst={opts.rootRank})")
-        return self._keep(super().reduce(tensors, opts))
+        return self._stock.reduce(tensors, opts)
 
     def allgather(self, outputs, inputs, opts):
         self._check(f"all_gather({_tensors(inputs)})")
-        return self._keep(super().allgather(outputs, inputs, opts))
+        return self._stock.allgather(outputs, inputs, opts)
 
     def allgather_coalesced(self, outputs, inputs, opts):
         self._check(f"all_gather_coalesced({_tensors(inputs)})")
-        return self._keep(super().allgather_coalesced(outputs, inputs, opts))
+        return self._stock.allgather_coalesced(outputs, inputs, opts)
 
     def all_gather_single(self, output, input, opts):
         self._check(f"all_gather_into_tensor({_tensor(output)}, {_tensor(input)})")
-        return self._keep(super().all_gather_single(output, input, opts))
+        return self._stock.all_gather_single(output, input, opts)
 
     def _allgather_base(self, output, input, opts):
         self._check(f"all_gather_into_tensor({_tensor(output)}, {_tensor(input)})")
-        return self._keep(super()._allgather_base(output, input, opts))
+        return self._stock._allgather_base(output, input, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         self._check(f"all_gather_into_tensor_coalesced({_tensors(outputs)}, {_tensors(inputs)})")
-        return self._keep(super().all_gather_single_coalesced(outputs, inputs, opts))
+        return self._stock.all_gather_single_coalesced(outputs, inputs, opts)
 
     def gather(self, outputs, inputs, opts):
         self._check(f"gather({_tensors(inputs)}, dst={opts.rootRank})")
-        return self._keep(super().gather(outputs, inputs, opts))
+        return self._stock.gather(outputs, inputs, opts)
 
     def scatter(self, outputs, inputs, opts):
         self._check(f"scatter({_tensors(outputs)}, src={opts.rootRank})")
-        return self._keep(super().scatter(outputs, inputs, opts))
+        return self._stock.scatter(outputs, inputs, opts)
 
     def reduce_scatter(self, outputs, inputs, opts):
         self._check(f"reduce_scatter({_tensors(outputs)}, {_tensors(inputs)}, {_op(opts)})")
-        return self._keep(super().reduce_scatter(outputs, inputs, opts))
+        return self._stock.reduce_scatter(outputs, inputs, opts)
 
     def reduce_scatter_single(self, output, input, opts):
         self._check(f"reduce_scatter_tensor({_tensor(output)}, {_tensor(input)}, {_op(opts)})")
-        return self._keep(super().reduce_scatter_single(output, input, opts))
+        return self._stock.reduce_scatter_single(output, input, opts)
 
     def _reduce_scatter_base(self, output, input, opts):
         self._check(f"reduce_scatter_tensor({_tensor(output)}, {_tensor(input)}, {_op(opts)})")
-        return self._keep(super()._reduce_scatter_base(output, input, opts))
+        return self._stock._reduce_scatter_base(output, input, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         self._check(f"reduce_scatter_tensor_coalesced({_tensors(outputs)}, {_tensors(inputs)}, {_op(opts)})")
-        return self._keep(super().reduce_scatter_single_coalesced(outputs, inputs, opts))
+        return self._stock.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     def alltoall(self, outputs, inputs, opts):
         self._check(f"all_to_all({_dtypes(inputs)})")  # each pair of ranks may exchange other sizes
-        return self._keep(super().alltoall(outputs, inputs, opts))
+        return self._stock.alltoall(outputs, inputs, opts)
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):
         self._check(self._all_to_all_single(output, input, output_splits, input_splits))
-        return self._keep(super().all_to_all_single(output, input, output_splits, input_splits, opts))
+        return self._stock.all_to_all_single(output, input, output_splits, input_splits, opts)
 
     @staticmethod
     def _all_to_all_single(output, input, output_splits, input_splits):
@@ -348,4 +343,12 @@ class CheckedProcessGroup(PG):
 
     def barrier(self, opts=None):
         self._check("barrier()")
-        return self._keep(super().barrier(opts) if opts is not None else super().barrier())
+        return self._stock.barrier(opts) if opts is not None else self._stock.barrier()
+
+    # -- point-to-point: not compared, but also run on the stock group (torch's trampoline covers them)
+
+    def send(self, tensors, dst, tag):
+        return self._stock.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self._stock.recv(tensors, src, tag)
