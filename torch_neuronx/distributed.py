@@ -10,10 +10,10 @@ sees one device, ``neuron:0``.
 
 Gloo aborts a process whose peer sends a tensor of another size, and ranks that call different
 collectives can hang or exchange the wrong bytes. So each neuron group checks, before every
-collective, that all ranks run the same one on the same shapes and dtypes (torch's own
-ProcessGroupWrapper, the TORCH_DISTRIBUTED_DEBUG=DETAIL check) and raises naming both ranks'
-calls. That costs a few small exchanges per collective; ``TORCH_NEURONX_COLLECTIVE_CHECKS=0``
-turns it off.
+collective, that all ranks run the same one on the same shapes and dtypes, and raises naming both
+ranks' calls (``collective_checks``: through shared memory between the ranks of one host, else one
+small all_gather). ``TORCH_NEURONX_COLLECTIVE_CHECKS=0`` turns it off; under
+TORCH_DISTRIBUTED_DEBUG=DETAIL torch's own ProcessGroupWrapper checks instead.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from torch_neuronx import topology
+from torch_neuronx.collective_checks import CheckedProcessGroup
 from torch_neuronx.runtime import BACKEND_NAME, apply_topology, env_flag, ops
 
 CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
@@ -89,12 +90,10 @@ def _create_backend(store, rank: int, world_size: int, timeout):
         atexit.register(_let_gloo_workers_release_finished_work)
         _exit_pause_registered = True
     gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every backend itself.
+    # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every backend in its own check.
     if not collective_checks_enabled() or dist.get_debug_level() == dist.DebugLevel.DETAIL:
         return gloo
-    from torch.distributed.distributed_c10d import _create_process_group_wrapper
-
-    return _create_process_group_wrapper(gloo, BACKEND_NAME, store, rank, world_size, timeout)
+    return CheckedProcessGroup(gloo, store, rank, world_size, timeout)
 
 
 def register() -> None:
