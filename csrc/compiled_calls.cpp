@@ -81,6 +81,7 @@ std::vector<int64_t> device_indices(at::TensorList tensors) {
 // gradients (adopted as neuron tensors on the input's device, zero-copy).
 struct IntoHostGraph : torch::autograd::Function<IntoHostGraph> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs) {
+    ctx->set_materialize_grads(false);  // an input without a gradient needs no zeros
     variable_list aliases = enter(inputs);
     variable_list no_grad;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -113,6 +114,7 @@ struct IntoHostGraph : torch::autograd::Function<IntoHostGraph> {
 struct OutOfHostGraph : torch::autograd::Function<OutOfHostGraph> {
   static variable_list forward(AutogradContext* ctx, at::TensorList cpu_outputs) {
     TORCH_CHECK(!t_frames.empty(), "neuron: _exit_compiled_call without _enter_compiled_call");
+    ctx->set_materialize_grads(false);  // the CPU graph's backward takes missing gradients as they are
     std::vector<c10::TensorImpl*> inputs;
     for (const auto& pair : t_frames.back()->inputs) inputs.push_back(pair.first.unsafeGetTensorImpl());
     variable_list mapped = exit(cpu_outputs);
