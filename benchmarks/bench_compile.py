@@ -11,7 +11,11 @@ Compile time, each in a fresh process: the neuron backend cold and then warm on 
 cache directory, and diffusers' regional compilation (``compile_repeated_blocks``) against
 compiling the whole model, each on its own empty cache.
 
-    python benchmarks/bench_compile.py [--json PATH] [--threads N]
+    python benchmarks/bench_compile.py [--json PATH] [--threads N] [--only train|forward]
+
+In the --json file, ``ratios.<key>`` holds each run-time case's ratio and its spread over rounds
+(keys: ``transformer_fwd``, ``mlp_train_step``); ``--only`` runs one run-time case and skips the
+compile-time cases.
 """
 import argparse
 import copy
@@ -147,7 +151,7 @@ def compare(reference, candidate):
     return equal, diff
 
 
-def measure(name, variants, budget_s, target):
+def measure(key, name, variants, budget_s, target):
     first_call_s, outputs = {}, {}
     for v in VARIANTS:  # first call: compiles the compiled variants
         start = time.perf_counter()
@@ -161,12 +165,15 @@ def measure(name, variants, budget_s, target):
 
     samples, inner, rounds = bench_eager.interleaved_samples(
         {v: (lambda f=variants[v]: f()) for v in VARIANTS}, budget_s)
+    ratios = sorted(n / i for i, n in zip(samples["inductor_cpu"], samples["neuron_compiled"]))
     result = {
+        "key": key,
         "name": name,
         "inner": inner,
         "rounds": rounds,
         **{f"{v}_us": statistics.median(samples[v]) for v in VARIANTS},
-        "ratio": statistics.median(n / i for i, n in zip(samples["inductor_cpu"], samples["neuron_compiled"])),
+        "ratio": statistics.median(ratios),
+        "ratio_spread": _spread(ratios),
         "eager_ratio": statistics.median(n / c for c, n in zip(samples["cpu_eager"], samples["neuron_eager"])),
         "first_call_s": first_call_s,
         "equal_to_inductor": equal,
@@ -176,9 +183,16 @@ def measure(name, variants, budget_s, target):
         "samples": samples,
     }
     result["pass"] = result["ratio"] <= target
-    print(f"  {name}: " + " / ".join(f"{result[v + '_us']:.1f}" for v in VARIANTS) + " µs",
-          file=sys.stderr, flush=True)
+    print(f"  {name}: " + " / ".join(f"{result[v + '_us']:.1f}" for v in VARIANTS) + " µs, ratio "
+          f"{result['ratio']:.3f} ({_spread_text(result['ratio_spread'])})", file=sys.stderr, flush=True)
     return result
+
+
+def _spread(ratios):
+    """Percentiles of the per-round ratios: how far one round strays from the median."""
+    def at(q):
+        return ratios[min(len(ratios) - 1, round(q * (len(ratios) - 1)))]
+    return {"p10": at(0.1), "p25": at(0.25), "p75": at(0.75), "p90": at(0.9), "rounds": len(ratios)}
 
 
 # ---------------------------------------------------------------- compile time, in child processes
@@ -294,6 +308,11 @@ def _log_child(label, r):
 
 # ---------------------------------------------------------------- report
 
+def _spread_text(spread):
+    return (f"rounds p10–p90 {spread['p10']:.3f}–{spread['p90']:.3f}, p25–p75 {spread['p25']:.3f}–"
+            f"{spread['p75']:.3f}, {spread['rounds']} rounds")
+
+
 def markdown(results, compile_results, threads, load):
     lines = [
         f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
@@ -301,17 +320,20 @@ def markdown(results, compile_results, threads, load):
         "per-round pairs (compiled neuron / Inductor CPU).",
         "",
         "| case | CPU eager µs | neuron eager µs | Inductor CPU µs | neuron compiled µs | ratio vs Inductor "
-        "| target | result |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
+        "| ratio over rounds | target | result |",
+        "|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['name']} | {r['cpu_eager_us']:.1f} | {r['neuron_eager_us']:.1f} | {r['inductor_cpu_us']:.1f} | "
-            f"{r['neuron_compiled_us']:.1f} | {r['ratio']:.3f} | ≤ {r['target']:.2f}x | "
+            f"{r['neuron_compiled_us']:.1f} | {r['ratio']:.3f} | {_spread_text(r['ratio_spread'])} | "
+            f"≤ {r['target']:.2f}x | "
             f"{'PASS' if r['pass'] else 'MISS'} |")
         if not r["equal_to_inductor"]:
             lines.append(f"| ⚠ {r['name']}: compiled neuron ≠ Inductor CPU (max abs diff "
-                         f"{r['max_abs_diff_vs_inductor']:.3g}) | | | | | | torch.equal | WARN |")
+                         f"{r['max_abs_diff_vs_inductor']:.3g}) | | | | | | | torch.equal | WARN |")
+    if compile_results is None:
+        return "\n".join(lines)
     lines += [
         "",
         "Compile time of the neuron backend, each in a fresh process: backend s = Σ over graphs of "
@@ -349,6 +371,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
+    parser.add_argument("--only", choices=("train", "forward"),
+                        help="run only this run-time case (no compile-time cases)")
     parser.add_argument("--_child", choices=("transformer", "whole", "repeated"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
 
@@ -360,21 +384,26 @@ def main():
     load = os.getloadavg()[0]
     gc.disable()  # a collection landing inside one variant's loop is noise
     results = []
-    with torch.no_grad():
-        results.append(measure("transformer fwd (4 pre-LN blocks, b4 s128 d256)", forward_variants(), 10.0, 1.05))
+    if opts.only in (None, "forward"):
+        with torch.no_grad():
+            results.append(measure("transformer_fwd", "transformer fwd (4 pre-LN blocks, b4 s128 d256)",
+                                   forward_variants(), 10.0, 1.05))
     gc.collect()
-    results.append(measure("MLP train step (3x Linear 512, b64, AdamW)", training_variants(), 8.0, 1.05))
+    if opts.only in (None, "train"):
+        results.append(measure("mlp_train_step", "MLP train step (3x Linear 512, b64, AdamW)", training_variants(),
+                               8.0, 1.03))
     gc.enable()
-    compile_results = compile_time_cases(opts.threads)
+    compile_results = compile_time_cases(opts.threads) if opts.only is None else None
 
     print(markdown(results, compile_results, opts.threads, load))
     if opts.json:
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
                     "malloc_env": bench_eager._MALLOC_ENV}
-            json.dump({"meta": meta, "results": results, "compile": compile_results}, f, indent=1)
+            ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
+            json.dump({"meta": meta, "ratios": ratios, "results": results, "compile": compile_results}, f, indent=1)
     misses = [r["name"] for r in results if not r["pass"]]
-    misses += [k for k, r in compile_results.items() if r.get("pass") is False or "error" in r]
+    misses += [k for k, r in (compile_results or {}).items() if r.get("pass") is False or "error" in r]
     warnings = [r["name"] for r in results if not r["equal_to_inductor"]]
     bench_eager.report_outcome(misses, warnings, "WARNING: compiled neuron differs from Inductor CPU in")
 

@@ -213,3 +213,35 @@ def test_runtime_failure_is_a_neff_execution_error():
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(RuntimeError, match="without _enter_compiled_call"):  # the alias frame was popped
         torch.ops.neuron._exit_compiled_call([])
+
+
+def test_gradients_through_a_compiled_graph_match_cpu_at_the_edges():
+    # The wrapper every compiled graph gets, around a CPU function with the awkward outputs: an
+    # input returned as is, an output without a gradient, an integer output; and a CPU input.
+    from torch_neuronx.neuron_dynamo_backend import executor
+
+    def graph(w, x, scale):
+        h = x @ w * scale
+        return h, w, h.detach() + 1, h.argmax(dim=1)
+
+    def cpu_run(w, x, scale):
+        h, w_out, plain, index = graph(w, x, scale)
+        loss = (h ** 2).sum() + (w_out * 3).sum()
+        loss.backward()
+        return h, plain, index
+
+    w0, x0 = torch.randn(4, 3), torch.randn(2, 4)
+    w_cpu, scale_cpu = w0.clone().requires_grad_(), torch.tensor(2.0, requires_grad=True)
+    expected = cpu_run(w_cpu, x0, scale_cpu)
+
+    w, scale = w0.to("neuron").requires_grad_(), torch.tensor(2.0, requires_grad=True)  # scale stays on CPU
+    h, w_out, plain, index = executor.run_graph_on_neuron(graph)(w, x0.to("neuron"), scale)
+    ((h ** 2).sum() + (w_out * 3).sum()).backward()
+
+    assert w.is_leaf and w.grad_fn is None and w_out is not w  # the returned input got its own tensor
+    assert not plain.requires_grad and not index.requires_grad
+    assert w.grad.device.type == "neuron" and scale.grad.device.type == "cpu"
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad, rtol=0, atol=0)
+    torch.testing.assert_close(scale.grad, scale_cpu.grad, rtol=0, atol=0)
+    for got, want in zip((h, plain, index), expected):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=0, atol=0)

@@ -2,8 +2,10 @@
 
 Neuron inputs are passed as CPU aliases of the same bytes and the outputs come back as neuron
 tensors without a copy (``_enter/_exit_compiled_call`` in csrc/compiled_calls.cpp). When
-gradients flow, an autograd.Function bridges neuron autograd to the CPU graph's: its backward
-runs the compiled backward on CPU aliases of the incoming gradients.
+gradients flow, their ``_differentiable`` forms are autograd Functions in C++: the CPU graph's
+autograd (AOTAutograd's) sits between them in the one neuron graph, so a backward pass runs the
+compiled backward on CPU aliases of the incoming gradients and adopts what it returns, without
+Python in between.
 """
 from __future__ import annotations
 
@@ -44,49 +46,10 @@ def _map_back(flat: list, slots: list[int], mapped: Sequence[torch.Tensor], spec
     return torch.utils._pytree.tree_unflatten(flat, spec)
 
 
-class _GradBridge(torch.autograd.Function):
-    """Neuron autograd around a CPU-compiled graph: forward runs it on CPU aliases with grad
-    enabled; backward differentiates the CPU outputs and adopts the input gradients."""
-
-    @staticmethod
-    def forward(ctx, compiled, args, positions, holder, *tensors):
-        aliases = ops._enter_compiled_call(list(tensors))
-        for t, alias in zip(tensors, aliases):
-            if t.requires_grad:
-                alias.requires_grad_(True)
-        with torch.enable_grad():
-            flat, spec = _run(compiled, args, positions, aliases)
-        slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
-        cpu_outputs = [flat[i] for i in slots]
-        mapped = ops._exit_compiled_call(cpu_outputs)
-        ctx.cpu_inputs = [a for t, a in zip(tensors, aliases) if t.requires_grad]
-        ctx.needs = [t.requires_grad for t in tensors]
-        ctx.cpu_outputs = cpu_outputs
-        ctx.device = next((t.device for t in tensors if t.device.type == BACKEND_NAME), None)
-        ctx.mark_non_differentiable(*[m for m, o in zip(mapped, cpu_outputs) if not o.requires_grad])
-        holder.extend([flat, slots, spec])
-        return tuple(mapped)
-
-    @staticmethod
-    @torch._disable_dynamo  # called by autograd from user code Dynamo may be tracing (loss.backward() in a compiled step)
-    def backward(ctx, *grads):
-        pairs = [(o, g) for o, g in zip(ctx.cpu_outputs, grads) if o.requires_grad and g is not None]
-        grad_aliases = ops._enter_compiled_call([g for _, g in pairs])
-        ops._exit_compiled_call([])
-        cpu_grads = torch.autograd.grad([o for o, _ in pairs], ctx.cpu_inputs, grad_aliases, allow_unused=True)
-        with torch.neuron.device(ctx.device):
-            ops._enter_compiled_call([])
-            present = [g for g in cpu_grads if g is not None]
-            adopted = iter(ops._exit_compiled_call(present))
-        by_input = iter(None if g is None else next(adopted) for g in cpu_grads)
-        return (None, None, None, None, *[next(by_input) if need else None for need in ctx.needs])
-
-
 def run_graph_on_neuron(compiled: Callable, leading: Sequence[torch.Tensor] = ()) -> Callable:
     """Wrap a CPU-compiled graph so it takes and returns neuron tensors, zero-copy; ``leading``
     (the lifted tensor attributes) go before the caller's arguments on every call."""
     leading = tuple(leading)
-    enter, leave = ops._enter_compiled_call, ops._exit_compiled_call
 
     def call(*args):
         if leading:
@@ -94,10 +57,9 @@ def run_graph_on_neuron(compiled: Callable, leading: Sequence[torch.Tensor] = ()
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         tensors = [args[i] for i in positions]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            holder: list = []
-            mapped = _GradBridge.apply(compiled, args, positions, holder, *tensors)
-            flat, slots, spec = holder
-            return _map_back(flat, slots, mapped, spec)
+            enter, leave = ops._enter_compiled_call_differentiable, ops._exit_compiled_call_differentiable
+        else:
+            enter, leave = ops._enter_compiled_call, ops._exit_compiled_call
         if len(positions) == len(args):  # the usual graph: tensors in, a list/tuple of tensors out
             outputs = _call(compiled, enter(tensors))
             if type(outputs) in (list, tuple) and all(isinstance(o, torch.Tensor) for o in outputs):
