@@ -11,8 +11,10 @@ checksummed and locked like the graphs. A new process finds a function's package
 checked on every call as always, and a call they reject traces and compiles again.
 
 The packages are written on the first call of each new graph (Dynamo has then recorded the
-function's guards), or by ``torch.compiler.save_cache_artifacts()``. An entry that cannot be read
-(corrupt, written by another version, code changed since) warns and the function is traced.
+function's guards), or by ``torch.compiler.save_cache_artifacts()``. An entry that cannot be used
+(corrupt, written by another version, code changed since, a guard that cannot be built again in a
+new process, such as one on a closure variable of a decorated ``forward``) warns and the function
+is traced, as without the package.
 
 Torch's mode drops the guards it cannot serialize (object identity: ``ID_MATCH``, closures), in
 this process too: a module attribute rebound to another function is then not seen. Hence opt-in.
@@ -141,6 +143,29 @@ def _check_sources(entry) -> None:
             raise RuntimeError(f"the source of {code.module} (lines {code.firstlineno}-{code.lastlineno}) changed")
 
 
+def _check_guards(entry, fn: Callable[..., Any]) -> None:
+    """Build each guard of the package as installing it will, in this process: some guards Dynamo
+    saves cannot be built anew (they read a value that only the traced call had), and installing
+    raises then, which would stop ``torch.compile``."""
+    from torch._dynamo.eval_frame import innermost_fn
+    from torch._dynamo.output_graph import get_builtins_dict
+
+    for index, code in enumerate(entry.dynamo.codes):
+        if code.bypassed or not code.guarded_codes:
+            continue
+        target = innermost_fn(fn).__code__ if index == 0 else \
+            dynamo_package.SerializedCode.to_code_object(code.python_code)
+        if code.code_source:
+            target = dynamo_package._lookup_code(code)
+        scope = dict(sys.modules[code.python_module].__dict__)
+        for guarded in code.guarded_codes:
+            state = dynamo_package.load_guards_state(guarded.guards_state)
+            name = state.output_graph.name_of_builtins_dict_key_in_fglobals
+            if name and name not in scope:
+                scope[name] = get_builtins_dict(scope)
+            dynamo_package.load_guard_manager(state, target, scope)
+
+
 def _reserve_global_names(entry) -> None:
     """Installing a package puts globals named by Dynamo's counter in the other process (its builtins
     dict, ``__builtins_dict___0``) into the function's module; move this process's counter past them,
@@ -200,6 +225,7 @@ class NeffDynamoCache(dynamo_package.DiskDynamoCache):
                 raise RuntimeError(f"not a compiled function but {type(entry).__name__}")
             entry.dynamo.check_versions()
             _check_sources(entry)
+            _check_guards(entry, fn)
             _reserve_global_names(entry)
             for backend in entry.backends.values():
                 if isinstance(backend, NeuronGraphArtifact):
