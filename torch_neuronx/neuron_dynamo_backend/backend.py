@@ -22,7 +22,8 @@ from typing import Any, Callable
 import torch
 import torch._dynamo
 
-from torch_neuronx.neuron_dynamo_backend import artifacts, config, executor, faithful, graph_cache, host_graph, precompile
+from torch_neuronx.neuron_dynamo_backend import artifacts, config, executor, faithful, graph_cache, host_graph
+from torch_neuronx.neuron_dynamo_backend import precompile
 from torch_neuronx.neuron_dynamo_backend import metrics as graph_metrics
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.runtime import hooks, warn_once
