@@ -9,13 +9,19 @@ Inductor CPU's bit for bit; that is checked once per case.
 
 Compile time, each in a fresh process: the neuron backend cold and then warm on one compile
 cache directory, and diffusers' regional compilation (``compile_repeated_blocks``) against
-compiling the whole model, each on its own empty cache.
+compiling the whole model, each on its own empty cache. Warm starts come in two kinds, run in
+alternation: with the compiled graphs in the cache (Dynamo traces the code again), and with
+Dynamo's caching precompile on (``TORCH_CACHING_PRECOMPILE=1``: the whole compiled function is in
+the cache, nothing is traced). Each round has its own cold process and cache directory; the warm /
+cold ratio of the start (compile + first result) is reported per round, as median, min and max,
+under ``compile.warm_start`` in the JSON.
 
     python benchmarks/bench_compile.py [--json PATH] [--threads N] [--only train|forward]
+                                       [--compile-rounds N] [--compile-only]
 
 In the --json file, ``ratios.<key>`` holds each run-time case's ratio and its spread over rounds
 (keys: ``transformer_fwd``, ``mlp_train_step``); ``--only`` runs one run-time case and skips the
-compile-time cases.
+compile-time cases; ``--compile-only`` runs only the compile-time cases.
 """
 import argparse
 import copy
@@ -244,10 +250,14 @@ def run_child(mode):
             compiled = compile_neuron(model)
         out = compiled(xn)
         wall_s = time.perf_counter() - start
+    from torch._dynamo.utils import counters
     metrics = neuron_dynamo_backend.get_dynamo_metrics()
     out = out.cpu()
     print(CHILD_MARK + json.dumps({
         "mode": mode,
+        "precompile": bool(torch._dynamo.config.caching_precompile),
+        "frames_traced": counters["stats"]["unique_graphs"],
+        "dynamo_cache": dict(counters["dynamo_cache"]),
         "wall_s": wall_s,
         "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
         "graphs": len(metrics),
@@ -259,8 +269,8 @@ def run_child(mode):
     }), flush=True)
 
 
-def spawn_child(mode, cache_dir, threads):
-    env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=cache_dir)
+def spawn_child(mode, cache_dir, threads, precompile=False):
+    env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=cache_dir, TORCH_CACHING_PRECOMPILE="1" if precompile else "0")
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the backend keeps Inductor's cache in the NEFF directory
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", mode]
     start = time.perf_counter()
@@ -268,15 +278,47 @@ def spawn_child(mode, cache_dir, threads):
     return bench_eager.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
 
 
-def compile_time_cases(threads):
-    results = {}
-    cold_warm_dir = tempfile.mkdtemp(prefix="bench_compile_neff_")
-    try:
-        for label in ("cold", "warm"):  # one cache directory: the second process finds the first one's entries
-            results[label] = spawn_child("transformer", cold_warm_dir, threads)
-            _log_child(label, results[label])
-    finally:
-        shutil.rmtree(cold_warm_dir, ignore_errors=True)
+def _spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def warm_start_cases(threads, rounds):
+    """Per round, in a fresh cache directory: a cold start (caching precompile on, so it stores the whole
+    function too), then a warm start with the graph cache only and one with the precompiled function."""
+    runs = {"cold": [], "warm": [], "warm_precompiled": []}
+    for index in range(rounds):
+        cache_dir = tempfile.mkdtemp(prefix="bench_compile_neff_")
+        try:
+            for label, precompile in (("cold", True), ("warm", False), ("warm_precompiled", True)):
+                result = spawn_child("transformer", cache_dir, threads, precompile)
+                _log_child(f"{label} (round {index + 1})", result)
+                runs[label].append(result)
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    summary = {"rounds": rounds, "runs": runs, "target": 10.0}
+    if any("error" in r for rs in runs.values() for r in rs):
+        summary["error"] = "a child process failed"
+        return summary
+    for label in ("warm", "warm_precompiled"):
+        pairs = list(zip(runs["cold"], runs[label]))
+        summary[label] = {
+            "wall_s": _spread([w["wall_s"] for _, w in pairs]),
+            "cold_over_warm_wall": _spread([c["wall_s"] / w["wall_s"] for c, w in pairs]),
+            "frames_traced": [w["frames_traced"] for _, w in pairs],
+            "same_output_as_cold": all(c["output_sha256"] == w["output_sha256"] for c, w in pairs),
+        }
+    summary["cold_wall_s"] = _spread([c["wall_s"] for c in runs["cold"]])
+    precompiled = summary["warm_precompiled"]
+    summary["ratio"] = precompiled["cold_over_warm_wall"]["median"]
+    summary["pass"] = (summary["ratio"] >= summary["target"] and precompiled["same_output_as_cold"]
+                       and not any(precompiled["frames_traced"]))
+    return summary
+
+
+def compile_time_cases(threads, rounds):
+    results = {"warm_start": warm_start_cases(threads, rounds)}
+    runs = results["warm_start"]["runs"]
+    results["cold"], results["warm"] = runs["cold"][0], runs["warm"][0]
     for label, mode in (("whole", "whole"), ("repeated", "repeated")):
         cache_dir = tempfile.mkdtemp(prefix=f"bench_compile_{label}_")  # each its own, empty: both cold
         try:
@@ -303,7 +345,8 @@ def _log_child(label, r):
         print(f"  {label} compile: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
     else:
         print(f"  {label} compile: backend {r['backend_s']:.2f} s, compile + first call {r['wall_s']:.2f} s, "
-              f"{r['graphs']} graph(s) {r['caches']}", file=sys.stderr, flush=True)
+              f"{r['graphs']} graph(s) {r['caches']}, {r['frames_traced']} frame(s) traced", file=sys.stderr,
+              flush=True)
 
 
 # ---------------------------------------------------------------- report
@@ -364,7 +407,37 @@ def markdown(results, compile_results, threads, load):
     warm = compile_results["warm"]
     if "same_output_as_cold" in warm and not warm["same_output_as_cold"]:
         lines.append("| ⚠ warm output ≠ cold output | | | | | | bitwise | WARN |")
+    lines += ["", *warm_start_markdown(compile_results["warm_start"])]
     return "\n".join(lines)
+
+
+def warm_start_markdown(summary):
+    """The start (compile + first result) of a new process, warm against cold, per round."""
+    if "error" in summary:
+        return [f"Warm start: FAILED ({summary['error']})"]
+    lines = [
+        f"Start of a new process (compile + first result), transformer fwd, {summary['rounds']} round(s), each "
+        "with its own cold process and cache; ratio = cold wall / warm wall, median [min, max] over rounds.",
+        "",
+        "| start | wall s median [min, max] | frames traced | cold / warm | target | result |",
+        "|---|---:|---:|---:|---|---|",
+        f"| cold (empty cache) | {_spread_text(summary['cold_wall_s'])} | — | — | — | — |",
+    ]
+    for label, title in (("warm", "warm, graph cache (Dynamo traces)"),
+                         ("warm_precompiled", "warm, precompiled function (TORCH_CACHING_PRECOMPILE=1)")):
+        r = summary[label]
+        target = result = "—"
+        if label == "warm_precompiled":
+            target, result = f"≥ {summary['target']:.0f}x, 0 traced", "PASS" if summary["pass"] else "MISS"
+        lines.append(f"| {title} | {_spread_text(r['wall_s'])} | {max(r['frames_traced'])} | "
+                     f"{_spread_text(r['cold_over_warm_wall'], 'x')} | {target} | {result} |")
+        if not r["same_output_as_cold"]:
+            lines.append(f"| ⚠ {title}: output ≠ cold output | | | | bitwise | WARN |")
+    return lines
+
+
+def _spread_text(spread, unit=""):
+    return f"{spread['median']:.2f}{unit} [{spread['min']:.2f}, {spread['max']:.2f}]"
 
 
 def main():
@@ -373,6 +446,9 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
     parser.add_argument("--only", choices=("train", "forward"),
                         help="run only this run-time case (no compile-time cases)")
+    parser.add_argument("--compile-rounds", type=int, default=2, metavar="N",
+                        help="rounds of cold and warm starts, each in its own cache directory (default 2)")
+    parser.add_argument("--compile-only", action="store_true", help="only the compile-time cases")
     parser.add_argument("--_child", choices=("transformer", "whole", "repeated"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
 
@@ -384,16 +460,16 @@ def main():
     load = os.getloadavg()[0]
     gc.disable()  # a collection landing inside one variant's loop is noise
     results = []
-    if opts.only in (None, "forward"):
+    if not opts.compile_only and opts.only in (None, "forward"):
         with torch.no_grad():
             results.append(measure("transformer_fwd", "transformer fwd (4 pre-LN blocks, b4 s128 d256)",
                                    forward_variants(), 10.0, 1.05))
     gc.collect()
-    if opts.only in (None, "train"):
+    if not opts.compile_only and opts.only in (None, "train"):
         results.append(measure("mlp_train_step", "MLP train step (3x Linear 512, b64, AdamW)", training_variants(),
                                8.0, 1.03))
     gc.enable()
-    compile_results = compile_time_cases(opts.threads) if opts.only is None else None
+    compile_results = compile_time_cases(opts.threads, max(1, opts.compile_rounds)) if opts.only is None else None
 
     print(markdown(results, compile_results, opts.threads, load))
     if opts.json:

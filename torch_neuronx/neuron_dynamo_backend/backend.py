@@ -23,6 +23,7 @@ import torch
 import torch._dynamo
 
 from torch_neuronx.neuron_dynamo_backend import artifacts, config, executor, faithful, graph_cache, host_graph
+from torch_neuronx.neuron_dynamo_backend import precompile
 from torch_neuronx.neuron_dynamo_backend import metrics as graph_metrics
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.runtime import hooks, warn_once
@@ -74,6 +75,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     observer = hooks.compiled_graph_observer  # diagnostics, when they observe: cost each call of this graph
     if observer is not None:
         settings.on_lowered = functools.partial(observer.record_lowering, metrics.graph_name)
+    packaged = False  # the graph is in the package Dynamo keeps of this function (caching precompile)
     try:
         start = time.perf_counter()
         if _has_subclasses(example_inputs):
@@ -114,6 +116,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
             metrics.lower_us = (time.perf_counter() - rewritten - compile_s) * 1e6
             metrics.compile_us = compile_s * 1e6
             metrics.cache = "hit" if hit else "miss"
+            # Dynamo is packaging this function (caching precompile): give it the graph, unless lifted
+            # tensors, which a new process would not have, are part of its call.
+            backend_id = getattr(gm, "_backend_id", None) if precompile.active() else None
+            packaged = bool(backend_id) and not lifted and precompile.record_graph(backend_id, compiled)
     except Exception as error:
         if not fallback_allowed:
             raise NEFFCompilationError(
@@ -126,6 +132,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         return gm.forward  # the neuron graph, run eagerly
     call = executor.apply_device_rules(executor.run_graph_on_neuron(compiled, lifted), config.refuse_cpu_inputs(),
                                        config.retain_device_mode())
+    if packaged:
+        call = precompile.saving_on_first_call(call)
     return call if observer is None else observer.count_calls(metrics.graph_name, call)
 
 

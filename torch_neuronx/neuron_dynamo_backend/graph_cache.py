@@ -122,7 +122,10 @@ def compile_with_cache(key: str, compile_fn: Callable[[], Any]) -> tuple[Any, bo
                               RuntimeWarning, stacklevel=2)
         with CacheArtifactManager.with_fresh_cache():
             compiled, seconds = _timed(compile_fn)
-            artifacts = torch.compiler.save_cache_artifacts()
+            # Only this graph's artifacts: with caching precompile on, saving would also write (and
+            # bundle here) the packages of the functions compiled so far (:mod:`.precompile` stores those).
+            with torch._dynamo.config.patch(caching_precompile=False):
+                artifacts = torch.compiler.save_cache_artifacts()
         cache.record_compilation()
         if artifacts is not None:
             cache.put(key, artifacts[0])
