@@ -278,7 +278,7 @@ def spawn_child(mode, cache_dir, threads, precompile=False):
     return bench_eager.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
 
 
-def _spread(values):
+def _median_min_max(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
@@ -302,12 +302,12 @@ def warm_start_cases(threads, rounds):
     for label in ("warm", "warm_precompiled"):
         pairs = list(zip(runs["cold"], runs[label]))
         summary[label] = {
-            "wall_s": _spread([w["wall_s"] for _, w in pairs]),
-            "cold_over_warm_wall": _spread([c["wall_s"] / w["wall_s"] for c, w in pairs]),
+            "wall_s": _median_min_max([w["wall_s"] for _, w in pairs]),
+            "cold_over_warm_wall": _median_min_max([c["wall_s"] / w["wall_s"] for c, w in pairs]),
             "frames_traced": [w["frames_traced"] for _, w in pairs],
             "same_output_as_cold": all(c["output_sha256"] == w["output_sha256"] for c, w in pairs),
         }
-    summary["cold_wall_s"] = _spread([c["wall_s"] for c in runs["cold"]])
+    summary["cold_wall_s"] = _median_min_max([c["wall_s"] for c in runs["cold"]])
     precompiled = summary["warm_precompiled"]
     summary["ratio"] = precompiled["cold_over_warm_wall"]["median"]
     summary["pass"] = (summary["ratio"] >= summary["target"] and precompiled["same_output_as_cold"]
@@ -421,7 +421,7 @@ def warm_start_markdown(summary):
         "",
         "| start | wall s median [min, max] | frames traced | cold / warm | target | result |",
         "|---|---:|---:|---:|---|---|",
-        f"| cold (empty cache) | {_spread_text(summary['cold_wall_s'])} | — | — | — | — |",
+        f"| cold (empty cache) | {_median_min_max_text(summary['cold_wall_s'])} | — | — | — | — |",
     ]
     for label, title in (("warm", "warm, graph cache (Dynamo traces)"),
                          ("warm_precompiled", "warm, precompiled function (TORCH_CACHING_PRECOMPILE=1)")):
@@ -429,14 +429,14 @@ def warm_start_markdown(summary):
         target = result = "—"
         if label == "warm_precompiled":
             target, result = f"≥ {summary['target']:.0f}x, 0 traced", "PASS" if summary["pass"] else "MISS"
-        lines.append(f"| {title} | {_spread_text(r['wall_s'])} | {max(r['frames_traced'])} | "
-                     f"{_spread_text(r['cold_over_warm_wall'], 'x')} | {target} | {result} |")
+        lines.append(f"| {title} | {_median_min_max_text(r['wall_s'])} | {max(r['frames_traced'])} | "
+                     f"{_median_min_max_text(r['cold_over_warm_wall'], 'x')} | {target} | {result} |")
         if not r["same_output_as_cold"]:
             lines.append(f"| ⚠ {title}: output ≠ cold output | | | | bitwise | WARN |")
     return lines
 
 
-def _spread_text(spread, unit=""):
+def _median_min_max_text(spread, unit=""):
     return f"{spread['median']:.2f}{unit} [{spread['min']:.2f}, {spread['max']:.2f}]"
 
 
