@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -81,9 +82,18 @@ void sample_memory_locked() {
 bool int64_out_of_range(const CallContext& ctx) {
   auto outside = [](const at::Tensor& t) {
     if (t.scalar_type() != at::kLong || t.device().type() != kNeuron || t.numel() == 0) return false;
-    auto [low, high] = at::aminmax(t);
-    return low.item<int64_t>() < std::numeric_limits<int32_t>::min() ||
-           high.item<int64_t>() > std::numeric_limits<int32_t>::max();
+    int64_t low, high;
+    if (t.is_contiguous()) {  // neuron memory is host memory, and every op has finished: read it
+      const int64_t* data = t.const_data_ptr<int64_t>();
+      auto [min_at, max_at] = std::minmax_element(data, data + t.numel());
+      low = *min_at;
+      high = *max_at;
+    } else {
+      auto [min_of, max_of] = at::aminmax(t);
+      low = min_of.item<int64_t>();
+      high = max_of.item<int64_t>();
+    }
+    return low < std::numeric_limits<int32_t>::min() || high > std::numeric_limits<int32_t>::max();
   };
   for (const auto& t : ctx.observed_inputs()) {
     if (observed_tensor(t) && outside(t)) return true;
