@@ -110,9 +110,7 @@ TORCH_LIBRARY(neuron, m) {
   m.def("_op_tracking_level() -> int", []() -> int64_t { return op_tracking_level(); });
   m.def("_op_counts() -> (str[], int[])", &op_counts);
   m.def("_clear_op_counts() -> ()", &clear_op_counts);
-  // Implemented in Python (torch_neuronx.diagnostics.observer) for the CPU key; the core calls it
-  // for each op call at tracking level 2.
-  m.def("_observe_op(str op, Tensor[] inputs, Tensor[] results) -> ()");
+  // The diagnostics observer's ops (_observe_op, _observer_*) are defined in op_tracking.cpp.
 
   // DLPack: a CPU tensor over a neuron tensor's bytes.
   m.def("_host_alias(Tensor t) -> Tensor", &host_alias);

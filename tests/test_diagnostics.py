@@ -129,6 +129,55 @@ def test_int64_out_of_int32_range(collect):
     assert found["site"] == site and "2147483648" in found["details"][0]
 
 
+def test_later_calls_of_a_signature_are_checked(collect):
+    """The core counts the calls of a known signature and hands Python only those that may make a
+    finding: a result dtype or device the non-tensor arguments chose, int64 values out of range."""
+    x, ids = torch.ones(3, device=N), torch.tensor([1, 2], device=N)
+    for _ in range(3):
+        x.to(torch.float16)  # the same inputs as the next lines: only the results differ
+    x.to(torch.float64); wide_site = here()
+    for _ in range(3):
+        x.to("cpu"); cpu_site = here()
+    for value in (5, 2**31, 7, 2**40):
+        ids + value; add_site = here()  # in range, out, in, out: the same signature each time
+    strided = torch.tensor([[1, 2**40], [3, 4]], device=N).t()  # not contiguous: another way to read it
+    for _ in range(2):
+        strided * 1; strided_site = here()
+    found = kinds(collect())
+    (wide,) = found["float64"]
+    assert (wide["site"], wide["op"], wide["count"]) == (wide_site, "aten::_to_copy", 1)
+    (sync,) = found["host-sync-in-loop"]
+    assert (sync["site"], sync["count"]) == (cpu_site, 3)
+    out_of_range = {f["site"]: f for f in found["int64-range"]}
+    assert out_of_range[add_site]["count"] == 2 and "2147483649" in out_of_range[add_site]["detail"]
+    assert out_of_range[strided_site]["count"] == 2 and "1099511627776" in out_of_range[strided_site]["detail"]
+    signatures = diagnostics.get_op_signatures()
+    assert signatures["aten::_to_copy(f32[3])"] == 7 and signatures["aten::add.Tensor(int64[2])"] == 4
+
+
+def test_stopped_collection_keeps_its_counts():
+    torch_neuronx.clear_op_tracking()
+    x = torch.ones(3, device=N)
+    diagnostics.start()
+    try:
+        with diagnostics.phase("first"):
+            x + x
+            x + x
+    finally:
+        diagnostics.stop()
+    first = diagnostics.observer.last()
+    diagnostics.start()  # a new collection counts afresh, in the core
+    try:
+        x * x
+        assert diagnostics.get_op_signatures() == {"aten::mul.Tensor(f32[3], f32[3])": 1}
+    finally:
+        diagnostics.stop()
+        torch_neuronx.clear_op_tracking()
+    meta = ((3,), torch.float32, N)
+    assert first.phases["first"].calls == {("aten::add.Tensor", (meta, meta)): 2}
+    assert first.phases["run"].calls == {}
+
+
 def test_host_sync_in_a_loop(collect, capsys):
     x = torch.arange(4.0, device=N)
     x.sum().item()  # once, at the end of a program: normal

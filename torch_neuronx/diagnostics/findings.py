@@ -18,6 +18,9 @@ from torch_neuronx.runtime import BACKEND_NAME
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
+# Which later calls of a signature the core hands back (Detector.signature_flags, csrc/op_tracking.cpp).
+CHECK_EVERY_CALL = 1  # each call makes a finding
+CHECK_INT64_RANGE = 2  # a call makes one when its int64 values leave the int32 range (checked in the core)
 
 # How bad a kind is on Trainium, worst first: the report lists findings in this order.
 SEVERITIES = {
@@ -171,6 +174,19 @@ class Detector:
             self.add(kind, op, site, detail)
         if sync is not None:
             self.add("host-sync", op, site, "printing a tensor" if printing else sync)
+
+    def signature_flags(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> int:
+        """Which later calls with this call's signature (op; dtypes, devices and shapes of its tensors
+        and results) :meth:`check_call` can find something in: what it finds depends on the
+        signature alone, except the int64 range, which depends on the values."""
+        neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
+        wide = {str(t.dtype).replace("torch.", "") for t in neuron if t.dtype in (torch.float64, torch.complex128)}
+        flags = 0
+        if self._op_hits(op, wide) or self._sync(cost_model.base_name(op), inputs, results) is not None:
+            flags |= CHECK_EVERY_CALL
+        if any(t.dtype is torch.int64 for t in neuron):
+            flags |= CHECK_INT64_RANGE
+        return flags
 
     def check_graph_op(self, op: str, inputs, results, site: str) -> None:
         """An op of a compiled graph (metadata only: values are unknown at compile time)."""

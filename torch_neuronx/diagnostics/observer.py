@@ -1,10 +1,15 @@
-"""Collection: while diagnostics are on, the core hands every op call on neuron to :func:`_observe`.
+"""Collection: while diagnostics are on, the core keeps the per-call bookkeeping and hands
+:func:`_observe` the calls that may make a finding.
 
-It records each call's signature (op, input shapes, dtypes) under the current phase, checks it for
-findings, and samples memory. Compiled graphs are recorded once when compiled (their ops run on
-FakeTensors) and counted per call: the compiler calls this module through the hook that
-:func:`start` installs in :mod:`torch_neuronx.runtime.hooks`. Collection adds Python work to every
-eager op, so it is off by default.
+The core (op tracking level 2, csrc/op_tracking.cpp) counts each call under its signature (op,
+shapes, dtypes and devices of its tensors) and the current phase, and samples memory onto the
+timeline. Python sees the first call of each signature: it records the signature's key and result
+metadata, checks the call for findings and tells the core which later calls need checking (an op
+that always makes a finding, float64 tensors, a host sync; int64 tensors, checked by value in the
+core). The source line is captured only when a finding is made. Compiled graphs are recorded once
+when compiled (their ops run on FakeTensors) and counted per call: the compiler calls this module
+through the hook that :func:`start` installs in :mod:`torch_neuronx.runtime.hooks`. Collection adds
+work to every eager op, so it is off by default.
 """
 from __future__ import annotations
 
@@ -25,7 +30,6 @@ from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, hooks, ops
 
 DEFAULT_PHASE = "run"
-TIMELINE_EVERY = 16  # memory is sampled every this many observed calls
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,9 @@ def _metas(tensors: list[torch.Tensor]) -> tuple:
 @dataclass
 class PhaseRecord:
     name: str
+    index: int = 0  # the phase's number in the core, which counts the calls
     seconds: float = 0.0
-    calls: Counter = field(default_factory=Counter)  # signature key (op, input metas) -> calls
+    calls: Counter = field(default_factory=Counter)  # signature key (op, input metas) -> calls (read from the core)
     graph_calls: Counter = field(default_factory=Counter)  # compiled graph name -> calls
 
 
@@ -69,58 +74,110 @@ class CompiledGraph:
 
 
 class Collector:
+    """What one collection gathered. The calls are counted in the core (one collector at a time):
+    ``phases`` and ``timeline`` read them from there until :meth:`stop_counting` keeps a copy."""
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        ops._observer_reset()  # the core's counts and timeline start now, with this collector
         self.started = time.perf_counter()
         self.results: dict[tuple, tuple] = {}  # signature key -> the first call's result metas
-        self.phases: dict[str, PhaseRecord] = {}
-        self.phase = self._phase(DEFAULT_PHASE)
+        self.keys: dict[int, tuple] = {}  # the core's signature number -> signature key
+        self._phases: dict[str, PhaseRecord] = {}
+        self._current = self._phase(DEFAULT_PHASE)
         self.phase_started = self.started
         self.detector = findings.Detector()
         self.graphs: dict[str, CompiledGraph] = {}
-        self.timeline: list[tuple[float, int]] = []
-        self.observed = 0
+        self._kept: tuple[list, list] | None = None  # the core's counts and timeline, once stopped
         from torch._dynamo.utils import get_compilation_metrics
 
         self.known_compile_ids = {str(m.compile_id) for m in get_compilation_metrics()}
         self.sample_memory()  # the timeline starts where the program is
 
     def _phase(self, name: str) -> PhaseRecord:
-        if name not in self.phases:
-            self.phases[name] = PhaseRecord(name)
-        return self.phases[name]
+        if name not in self._phases:
+            self._phases[name] = PhaseRecord(name, len(self._phases))
+        return self._phases[name]
+
+    def _core_state(self) -> tuple[list, list]:
+        """(signature number, phase number, calls) triples and the (seconds, bytes) timeline."""
+        if self._kept is not None:
+            return self._kept
+        signatures, phases, calls = ops._observer_calls()
+        seconds, allocated = ops._observer_timeline()
+        return list(zip(signatures, phases, calls)), list(zip(seconds, allocated))
+
+    def stop_counting(self) -> None:
+        """Keep the core's counts here: the next collector starts the core afresh."""
+        with self.lock:
+            if self._kept is None:
+                self._kept = self._core_state()
+
+    @property
+    def phases(self) -> dict[str, PhaseRecord]:
+        """Each phase with its calls by signature key, as counted so far."""
+        with self.lock:
+            counts, _ = self._core_state()
+            by_index = {p.index: p for p in self._phases.values()}
+            for record in by_index.values():
+                record.calls = Counter()
+            for signature, phase_index, calls in counts:
+                key, record = self.keys.get(signature), by_index.get(phase_index)
+                if key is not None and record is not None:
+                    record.calls[key] += calls
+            return self._phases
+
+    @property
+    def phase(self) -> PhaseRecord:
+        """The current phase (its calls as counted so far)."""
+        with self.lock:
+            return self.phases[self._current.name]
+
+    @property
+    def timeline(self) -> list[tuple[float, int]]:
+        """(seconds since start, bytes allocated on the current device) samples."""
+        with self.lock:
+            return list(self._core_state()[1])
+
+    @property
+    def observed(self) -> int:
+        """Calls observed so far."""
+        with self.lock:
+            return sum(calls for _, _, calls in self._core_state()[0])
 
     def switch_phase(self, name: str) -> str:
         self.sample_memory()  # phase boundaries are on the timeline, however few ops ran
         with self.lock:
             now = time.perf_counter()
-            self.phase.seconds += now - self.phase_started
-            previous, self.phase, self.phase_started = self.phase.name, self._phase(name), now
+            self._current.seconds += now - self.phase_started
+            previous, self._current, self.phase_started = self._current.name, self._phase(name), now
+            if self._kept is None:
+                ops._observer_set_phase(self._current.index)
             return previous
 
     def close_phase(self) -> None:
-        self.switch_phase(self.phase.name)
+        self.switch_phase(self._current.name)
 
-    def observe(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+    def observe(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor], signature: int = -1) -> int:
+        """A call the core hands over: the first of a new signature (``signature`` its number in the
+        core), or a later one its flags select. Returns a new signature's flags (see findings.Detector)."""
         # A Python number passed as a tensor (x * 2) reaches Python as the number: not a tensor argument.
         inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
-        key = (op, _metas(inputs))
-        with self.lock:
-            if key not in self.results:
-                self.results[key] = _metas(results)
-            self.phase.calls[key] += 1
-            self.observed += 1
-            sample = self.observed % TIMELINE_EVERY == 1  # the first call, then every TIMELINE_EVERY
+        flags = 0
+        if signature >= 0:
+            key = (op, _metas(inputs))
+            with self.lock:
+                self.keys[signature] = key
+                if key not in self.results:
+                    self.results[key] = _metas(results)
+            flags = self.detector.signature_flags(op, inputs, results)
         self.detector.check_call(op, inputs, results)
-        if sample:
-            self.sample_memory()
+        return flags
 
     def sample_memory(self) -> None:
-        if not ops._is_initialized():
-            return
-        allocated = ops._memory_stats(ops._current_device())[0]
         with self.lock:
-            self.timeline.append((time.perf_counter() - self.started, allocated))
+            if self._kept is None:
+                ops._observer_sample_memory()
 
     def graph_called(self, name: str) -> None:
         with self.lock:
@@ -139,10 +196,11 @@ def last() -> Collector | None:
     return _last
 
 
-def _observe(op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+def _observe(op: str, inputs: list[torch.Tensor], results: list[torch.Tensor], signature: int) -> int:
     collector = _collector
-    if collector is not None:
-        collector.observe(op, inputs, results)
+    if collector is None:
+        return 0
+    return collector.observe(op, inputs, results, signature)
 
 
 def _library_error(kind: str, call: str, detail: str) -> None:
@@ -179,6 +237,7 @@ def stop() -> Collector | None:
         safetensors_watch.uninstall()
         hooks.install_compiled_graph_observer(None)
         collector.close_phase()
+        collector.stop_counting()
         _collector, _last = None, collector
     return collector
 
