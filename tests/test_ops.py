@@ -60,6 +60,42 @@ def test_inplace_on_non_contiguous_views(op):
     assert_same(dev, cpu)
 
 
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul, torch.div])
+def test_elementwise_binary_results_have_cpu_s_layout(op):
+    """Broadcast, channels_last, mixed-format, transposed, sliced, empty and 0-dim operands: values,
+    shapes and strides (memory format) as on CPU."""
+    x, y = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    last = torch.channels_last
+    cases = [
+        (x, torch.randn(5)),
+        (torch.randn(3, 1, 5), torch.randn(4, 1)),
+        (x.to(memory_format=last), y.to(memory_format=last)),
+        (x.to(memory_format=last), y),
+        (x.transpose(1, 3), y.transpose(1, 3)),
+        (x[:, ::2], y[:, 1::2]),
+        (torch.randn(0, 3), torch.randn(0, 3)),
+        (torch.tensor(2.0), torch.tensor(3.0)),
+        (torch.arange(6).view(2, 3), torch.arange(1, 7).view(2, 3)),
+    ]
+    for a, b in cases:
+        expected = op(a, b)
+        result = op(a.to(N), b.to(N))
+        assert result.stride() == expected.stride(), (a.shape, a.stride(), b.shape, b.stride())
+        assert_same(result, expected)
+
+
+def test_elementwise_binary_result_lands_on_the_operands_device():
+    a, b = torch.randn(64), torch.randn(64)
+    on1 = [t.to("neuron:1") for t in (a, b)]
+    before = [torch.neuron.memory_allocated(i) for i in (0, 1)]
+    with torch.neuron.device(0):
+        result = torch.add(*on1)
+    assert result.device == torch.device("neuron:1")
+    assert_same(result, a + b)
+    after = [torch.neuron.memory_allocated(i) for i in (0, 1)]
+    assert [n - o for n, o in zip(after, before)] == [0, 64 * 4]
+
+
 def test_out_resizes_and_reallocates():
     a, b = torch.randn(64, 32), torch.randn(64, 32)
     for fn in (torch.add, torch.mul, torch.sub, torch.atan2, torch.maximum):
