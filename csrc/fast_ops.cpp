@@ -1,7 +1,8 @@
 // Unboxed fast paths for the hottest ops: alias -> CPU kernel -> adopt, with
 // no boxing and no second trip through the dispatcher (at::cpu:: calls the
 // CPU kernel directly), or, for elementwise binary ops on neuron operands, CPU's
-// structured kernel run on the neuron tensors themselves (the direct path).
+// structured kernel run on the neuron tensors themselves (the direct path: add, sub, mul,
+// div, silu).
 // Results and semantics are the fallback's.
 #include "dispatch.h"
 
@@ -10,7 +11,9 @@
 #include <ATen/ops/add_native.h>
 #include <ATen/ops/div_native.h>
 #include <ATen/ops/mul_native.h>
+#include <ATen/ops/silu_native.h>
 #include <ATen/ops/sub_native.h>
+#include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/TensorIterator.h>
@@ -23,13 +26,16 @@ namespace {
 // tensors themselves. Neuron memory is host memory, and the kernel's DispatchStub forwards PrivateUse1
 // to CPU's code (install_direct_stubs), so this skips making CPU aliases and adopting the result.
 // Anything else (mixed dtypes or devices, CPU scalars, complex, conj/neg bits) takes the alias path.
-bool direct_operands(const at::Tensor& a, const at::Tensor& b) {
+bool direct_operand(const at::Tensor& a) {
 #if !defined(NEURON_DIRECT_CPU_STUBS)
   return false;  // this build cannot name CPU's DispatchStub kernels (see setup.py)
 #endif
-  return a.device() == b.device() && a.device().type() == kNeuron && a.scalar_type() == b.scalar_type() &&
-         !a.is_complex() && a.layout() == at::kStrided && b.layout() == at::kStrided && !a.is_conj() &&
-         !b.is_conj() && !a.is_neg() && !b.is_neg() && !a._is_zerotensor() && !b._is_zerotensor();
+  return a.device().type() == kNeuron && !a.is_complex() && a.layout() == at::kStrided && !a.is_conj() &&
+         !a.is_neg() && !a._is_zerotensor();
+}
+
+bool direct_operands(const at::Tensor& a, const at::Tensor& b) {
+  return a.device() == b.device() && a.scalar_type() == b.scalar_type() && direct_operand(a) && direct_operand(b);
 }
 
 #if defined(NEURON_DIRECT_CPU_STUBS)
@@ -38,6 +44,7 @@ void add_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
 }
 void mul_on_cpu(at::TensorIteratorBase& iter) { at::native::mul_stub(c10::DeviceType::CPU, iter); }
 void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c10::DeviceType::CPU, iter); }
+void silu_on_cpu(at::TensorIteratorBase& iter) { at::native::silu_stub(c10::DeviceType::CPU, iter); }
 #endif
 
 // A CPU structured kernel (``Kernel``: its meta computes shape, dtype and strides into a TensorIterator,
@@ -201,11 +208,21 @@ at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
 
 at::Tensor silu(const at::Tensor& self) {
   CallContext ctx("aten::silu");
+  if (direct_operand(self)) {
+    at::Tensor out = run_direct<at::native::structured_silu_out>(self.device().index(), self);
+    ctx.observe({&self}, out);
+    return out;
+  }
   return ctx.to_neuron(at::cpu::silu(ctx.alias(self)));
 }
 
 at::Tensor& silu_inplace(at::Tensor& self) {
   CallContext ctx("aten::silu_");
+  if (direct_operand(self)) {
+    at::cpu::silu_(self);
+    ctx.observe({&self}, self);
+    return self;
+  }
   auto cs = ctx.alias(self);
   at::cpu::silu_(cs);
   return self;
@@ -254,6 +271,7 @@ void install_direct_stubs() {
   at::native::add_stub.set_privateuse1_dispatch_ptr(&add_on_cpu);  // add and sub
   at::native::mul_stub.set_privateuse1_dispatch_ptr(&mul_on_cpu);
   at::native::div_true_stub.set_privateuse1_dispatch_ptr(&div_true_on_cpu);
+  at::native::silu_stub.set_privateuse1_dispatch_ptr(&silu_on_cpu);
 #endif
 }
 
