@@ -1,8 +1,7 @@
 // Unboxed fast paths for the hottest ops: alias -> CPU kernel -> adopt, with
 // no boxing and no second trip through the dispatcher (at::cpu:: calls the
-// CPU kernel directly), or, for elementwise binary ops on neuron operands, CPU's
-// structured kernel run on the neuron tensors themselves (the direct path: add, sub, mul,
-// div, silu).
+// CPU kernel directly), or, for add, sub, mul, div and silu on neuron operands,
+// CPU's structured kernel run on the neuron tensors themselves (the direct path).
 // Results and semantics are the fallback's.
 #include "dispatch.h"
 
@@ -22,7 +21,7 @@
 namespace neuron {
 namespace {
 
-// Same-dtype, dense neuron operands on one device: CPU's structured kernel runs on the neuron
+// Dense neuron operands (of one dtype, on one device): CPU's structured kernel runs on the neuron
 // tensors themselves. Neuron memory is host memory, and the kernel's DispatchStub forwards PrivateUse1
 // to CPU's code (install_direct_stubs), so this skips making CPU aliases and adopting the result.
 // Anything else (mixed dtypes or devices, CPU scalars, complex, conj/neg bits) takes the alias path.
