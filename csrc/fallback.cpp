@@ -113,7 +113,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
-  ctx.sync_mutated();
+  if (schema.is_mutable()) ctx.sync_mutated();  // only ops that write an argument can resize or restride it
   if (results_stay_on_cpu) return;
   const size_t num_returns = schema.returns().size();
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {

@@ -1,9 +1,18 @@
 // Unboxed fast paths for the hottest ops: alias -> CPU kernel -> adopt, with
 // no boxing and no second trip through the dispatcher (at::cpu:: calls the
-// CPU kernel directly). Results and semantics are the fallback's.
+// CPU kernel directly), or, for add, sub, mul, div and silu on neuron operands,
+// CPU's structured kernel run on the neuron tensors themselves (the direct path).
+// Results and semantics are the fallback's.
 #include "dispatch.h"
 
 #include <ATen/CPUFunctions.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/silu_native.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/TensorIterator.h>
@@ -12,18 +21,20 @@
 namespace neuron {
 namespace {
 
-// Same-shape, same-dtype, dense neuron operands on one device: CPU's structured kernel runs on the
-// neuron tensors themselves, writing a neuron output allocated at its final size. Neuron memory is
-// host memory, and the kernel's DispatchStub forwards PrivateUse1 to CPU's code (install_direct_stubs),
-// so this skips making CPU aliases and adopting the result. Anything else takes the alias path.
-bool direct_operands(const at::Tensor& a, const at::Tensor& b) {
+// Dense neuron operands (of one dtype, on one device): CPU's structured kernel runs on the neuron
+// tensors themselves. Neuron memory is host memory, and the kernel's DispatchStub forwards PrivateUse1
+// to CPU's code (install_direct_stubs), so this skips making CPU aliases and adopting the result.
+// Anything else (mixed dtypes or devices, CPU scalars, complex, conj/neg bits) takes the alias path.
+bool direct_operand(const at::Tensor& a) {
 #if !defined(NEURON_DIRECT_CPU_STUBS)
   return false;  // this build cannot name CPU's DispatchStub kernels (see setup.py)
 #endif
-  return a.device() == b.device() && a.device().type() == kNeuron && a.scalar_type() == b.scalar_type() &&
-         a.sizes().equals(b.sizes()) && a.is_contiguous() && b.is_contiguous() && !a.is_complex() &&
-         a.layout() == at::kStrided && b.layout() == at::kStrided && !a.is_conj() && !b.is_conj() && !a.is_neg() &&
-         !b.is_neg() && !a._is_zerotensor() && !b._is_zerotensor();
+  return a.device().type() == kNeuron && !a.is_complex() && a.layout() == at::kStrided && !a.is_conj() &&
+         !a.is_neg() && !a._is_zerotensor();
+}
+
+bool direct_operands(const at::Tensor& a, const at::Tensor& b) {
+  return a.device() == b.device() && a.scalar_type() == b.scalar_type() && direct_operand(a) && direct_operand(b);
 }
 
 #if defined(NEURON_DIRECT_CPU_STUBS)
@@ -32,14 +43,48 @@ void add_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
 }
 void mul_on_cpu(at::TensorIteratorBase& iter) { at::native::mul_stub(c10::DeviceType::CPU, iter); }
 void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c10::DeviceType::CPU, iter); }
+void silu_on_cpu(at::TensorIteratorBase& iter) { at::native::silu_stub(c10::DeviceType::CPU, iter); }
 #endif
 
-#define NEURON_DIRECT_BINARY(CALL)                                  \
-  if (direct_operands(a, b)) {                                      \
-    at::Tensor out = at::empty(a.sizes(), a.options());             \
-    CALL;                                                           \
-    ctx.observe({&a, &b}, out);                                     \
-    return out;                                                     \
+// A CPU structured kernel (``Kernel``: its meta computes shape, dtype and strides into a TensorIterator,
+// its impl runs the loop) in its functional form, as torch's generated CPU wrapper runs it, but with
+// the output allocated straight from the neuron allocator: no dispatch of empty, no out= checks, and
+// the output's strides (memory format) are CPU's.
+template <class Kernel>
+struct NeuronFunctional final : Kernel {
+  void set_output_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    set_output_raw_strided(index, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+    const auto dtype = options.dtype().toScalarType();
+    output = strides.empty()
+                 ? at::detail::empty_generic(sizes, neuron_allocator(), keys, dtype, options.memory_format_opt())
+                 : at::detail::empty_strided_generic(sizes, strides, neuron_allocator(), keys, dtype);
+    Kernel::set_output_raw_strided(index, sizes, strides, options);  // after: it reads the output
+  }
+  const at::Tensor& maybe_get_output(int64_t) override { return output; }
+  at::Tensor output;
+};
+
+// Runs the kernel functionally on neuron operands; the output lands on their device.
+template <class Kernel, class... Args>
+at::Tensor run_direct(c10::DeviceIndex device, const Args&... args) {
+  DeviceScope scope(device);  // the neuron allocator allocates on the current device
+  NeuronFunctional<Kernel> op;
+  op.meta(args...);
+  op.impl(args..., op.output);
+  return std::move(op.output);
+}
+
+// The functional form: when ``WHEN`` holds and the operands qualify, ``KERNEL`` runs on them directly.
+#define NEURON_DIRECT_BINARY(WHEN, KERNEL, ...)                                                          \
+  if ((WHEN) && direct_operands(a, b)) {                                                                \
+    at::Tensor out = run_direct<at::native::KERNEL>(a.device().index(), __VA_ARGS__);                  \
+    ctx.observe({&a, &b}, out);                                                                         \
+    return out;                                                                                         \
   }
 
 // The in-place form: CPU's kernel writes into the neuron tensor ``a`` itself.
@@ -52,10 +97,10 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
 
 // Binary elementwise ops with an alpha (add, sub) and without (mul, div):
 // functional, in-place and out= forms.
-#define NEURON_BINARY_WITH_ALPHA(OP)                                                              \
+#define NEURON_BINARY_WITH_ALPHA(OP, KERNEL)                                                            \
   at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {    \
     CallContext ctx("aten::" #OP ".Tensor");                                                      \
-    NEURON_DIRECT_BINARY(at::cpu::OP##_out(out, a, b, alpha))                                     \
+    NEURON_DIRECT_BINARY(true, KERNEL, a, b, alpha)                                                 \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     return ctx.to_neuron(at::cpu::OP(ca, cb, alpha));                                             \
@@ -78,12 +123,11 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
     return out;                                                                                   \
   }
 
-#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP, NAME, DIRECT)                                              \
+// DIRECT: a NEURON_DIRECT_BINARY, or nothing (always the alias path).
+#define NEURON_BINARY_FUNCTIONAL_AND_OUT(OP, NAME, DIRECT)                                        \
   at::Tensor OP##_tensor(const at::Tensor& a, const at::Tensor& b) {                              \
     CallContext ctx(NAME);                                                                        \
-    if (DIRECT) {                                                                                 \
-      NEURON_DIRECT_BINARY(at::cpu::OP##_out(out, a, b))                                          \
-    }                                                                                             \
+    DIRECT                                                                                        \
     auto ca = ctx.alias(a), cb = ctx.alias(b);                                                    \
     ctx.check_devices();                                                                          \
     return ctx.to_neuron(at::cpu::OP(ca, cb));                                                    \
@@ -107,14 +151,15 @@ void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c
     return a;                                                                                     \
   }
 
-NEURON_BINARY_WITH_ALPHA(add)
-NEURON_BINARY_WITH_ALPHA(sub)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mul, "aten::mul.Tensor", true)
+NEURON_BINARY_WITH_ALPHA(add, structured_ufunc_add_CPU)
+NEURON_BINARY_WITH_ALPHA(sub, structured_sub_out)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mul, "aten::mul.Tensor", NEURON_DIRECT_BINARY(true, structured_mul_out, a, b))
 NEURON_BINARY_INPLACE(mul, direct_operands(a, b))
-NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor", a.is_floating_point())
+NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor",
+                                 NEURON_DIRECT_BINARY(a.is_floating_point(), structured_div_out, a, b))
 NEURON_BINARY_INPLACE(div, direct_operands(a, b) && a.is_floating_point())
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm", false)
-NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm", false)
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm", )
+NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm", )
 
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
                  const at::Scalar& alpha) {
@@ -162,11 +207,21 @@ at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
 
 at::Tensor silu(const at::Tensor& self) {
   CallContext ctx("aten::silu");
+  if (direct_operand(self)) {
+    at::Tensor out = run_direct<at::native::structured_silu_out>(self.device().index(), self);
+    ctx.observe({&self}, out);
+    return out;
+  }
   return ctx.to_neuron(at::cpu::silu(ctx.alias(self)));
 }
 
 at::Tensor& silu_inplace(at::Tensor& self) {
   CallContext ctx("aten::silu_");
+  if (direct_operand(self)) {
+    at::cpu::silu_(self);
+    ctx.observe({&self}, self);
+    return self;
+  }
   auto cs = ctx.alias(self);
   at::cpu::silu_(cs);
   return self;
@@ -215,6 +270,7 @@ void install_direct_stubs() {
   at::native::add_stub.set_privateuse1_dispatch_ptr(&add_on_cpu);  // add and sub
   at::native::mul_stub.set_privateuse1_dispatch_ptr(&mul_on_cpu);
   at::native::div_true_stub.set_privateuse1_dispatch_ptr(&div_true_on_cpu);
+  at::native::silu_stub.set_privateuse1_dispatch_ptr(&silu_on_cpu);
 #endif
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <mutex>
 #include <pthread.h>
+#include <thread>
 #include <unordered_set>
 
 namespace neuron {
@@ -159,20 +160,37 @@ namespace {
 std::mutex g_description_mutex;
 std::string g_instance_description = "an emulated Trainium";
 
-void raise_max(std::atomic<int64_t>& peak, int64_t now) {
-  int64_t seen = peak.load(std::memory_order_relaxed);
-  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+// Serializes the updates of one device's statistics: one atomic exchange per allocation or free
+// instead of a read-modify-write per counter (a dozen). Readers load the counters without it.
+struct alignas(64) StatsLock {
+  std::atomic<bool> locked{false};
+  void lock() {
+    while (locked.exchange(true, std::memory_order_acquire)) {
+      while (locked.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
   }
+  void unlock() { locked.store(false, std::memory_order_release); }
+};
+StatsLock g_stats_locks[kMaxDevices];
+
+StatsLock& stats_lock(c10::DeviceIndex index) { return g_stats_locks[std::clamp<int>(index, 0, kMaxDevices - 1)]; }
+
+// Only under the device's StatsLock: a plain load and store, no read-modify-write.
+int64_t bump(std::atomic<int64_t>& counter, int64_t amount) {
+  const int64_t now = counter.load(std::memory_order_relaxed) + amount;
+  counter.store(now, std::memory_order_relaxed);
+  return now;
 }
 
 void add(Stat& stat, int64_t amount) {
-  raise_max(stat.peak, stat.current.fetch_add(amount, std::memory_order_relaxed) + amount);
-  stat.allocated.fetch_add(amount, std::memory_order_relaxed);
+  const int64_t now = bump(stat.current, amount);
+  if (now > stat.peak.load(std::memory_order_relaxed)) stat.peak.store(now, std::memory_order_relaxed);
+  bump(stat.allocated, amount);
 }
 
 void subtract(Stat& stat, int64_t amount) {
-  stat.current.fetch_sub(amount, std::memory_order_relaxed);
-  stat.freed.fetch_add(amount, std::memory_order_relaxed);
+  bump(stat.current, -amount);
+  bump(stat.freed, amount);
 }
 
 StatPool pool_of(int64_t nbytes) { return nbytes < kSmallBlockLimit ? kSmallPool : kLargePool; }
@@ -233,24 +251,26 @@ void record_alloc(c10::DeviceIndex index, int64_t nbytes) {
   check_usable(index);
   if (nbytes == 0) return;  // as on CUDA, empty tensors own no device memory
   auto& s = memory_stats(index);
-  auto& all = s.bytes[kAllPool];
-  const int64_t now = all.current.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
-  if (C10_UNLIKELY(now > s.limit.load(std::memory_order_relaxed))) {
-    all.current.fetch_sub(nbytes, std::memory_order_relaxed);
-    raise_out_of_memory(index, nbytes, nullptr);
+  {
+    std::lock_guard<StatsLock> lock(stats_lock(index));
+    if (C10_LIKELY(s.bytes[kAllPool].current.load(std::memory_order_relaxed) + nbytes <=
+                   s.limit.load(std::memory_order_relaxed))) {
+      const auto pool = pool_of(nbytes);
+      add(s.bytes[kAllPool], nbytes);
+      add(s.bytes[pool], nbytes);
+      add(s.blocks[kAllPool], 1);
+      add(s.blocks[pool], 1);
+      return;
+    }
   }
-  raise_max(all.peak, now);
-  all.allocated.fetch_add(nbytes, std::memory_order_relaxed);
-  const auto pool = pool_of(nbytes);
-  add(s.bytes[pool], nbytes);
-  add(s.blocks[kAllPool], 1);
-  add(s.blocks[pool], 1);
+  raise_out_of_memory(index, nbytes, nullptr);
 }
 
 void record_free(c10::DeviceIndex index, int64_t nbytes) {
   if (nbytes == 0) return;
   auto& s = memory_stats(index);
   const auto pool = pool_of(nbytes);
+  std::lock_guard<StatsLock> lock(stats_lock(index));
   subtract(s.bytes[kAllPool], nbytes);
   subtract(s.bytes[pool], nbytes);
   subtract(s.blocks[kAllPool], 1);
@@ -259,6 +279,7 @@ void record_free(c10::DeviceIndex index, int64_t nbytes) {
 
 void reset_peak_stats(c10::DeviceIndex index) {
   auto& s = memory_stats(index);
+  std::lock_guard<StatsLock> lock(stats_lock(index));
   for (Stat* group : {s.bytes, s.blocks}) {
     for (int pool = 0; pool < kNumPools; ++pool) {
       group[pool].peak.store(group[pool].current.load());
@@ -268,6 +289,7 @@ void reset_peak_stats(c10::DeviceIndex index) {
 
 void reset_accumulated_stats(c10::DeviceIndex index) {
   auto& s = memory_stats(index);
+  std::lock_guard<StatsLock> lock(stats_lock(index));
   for (Stat* group : {s.bytes, s.blocks}) {
     for (int pool = 0; pool < kNumPools; ++pool) {
       group[pool].allocated.store(0);

@@ -48,6 +48,31 @@ def test_allocations_and_frees_are_counted_exactly(quiet_device):
     assert stat("num_device_alloc") == 2 and stat("num_device_free") == 2
 
 
+def test_concurrent_allocations_and_frees_are_counted_exactly(quiet_device):
+    """Threads allocating and freeing at once (ops release the GIL) lose no update of the statistics."""
+    import threading
+    threads, per_thread = 4, 2000
+    x = torch.ones(256, device=quiet_device)  # 1 KiB operands; each sum a fresh 1 KiB result
+    torch.neuron.reset_accumulated_memory_stats(DEVICE)
+    base = torch.neuron.memory_allocated(DEVICE)
+
+    def work():
+        for _ in range(per_thread):
+            y = torch.add(x, x)
+            del y
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert torch.neuron.memory_allocated(DEVICE) == base
+    assert stat("allocation.all.allocated") == stat("allocation.all.freed") == threads * per_thread
+    assert stat("allocated_bytes.all.freed") == stat("allocated_bytes.all.allocated") == threads * per_thread * 1024
+    assert stat("allocation.small_pool.current") == stat("allocation.all.current")
+    del x
+
+
 def test_results_of_cpu_kernels_and_views_are_counted(quiet_device):
     x = torch.ones(256, 256, device=quiet_device)  # 256 KiB
     base = torch.neuron.memory_allocated(DEVICE)

@@ -60,6 +60,55 @@ def test_inplace_on_non_contiguous_views(op):
     assert_same(dev, cpu)
 
 
+LAYOUT_CASES = {  # operands made from two (2, 3, 4, 5) tensors, on each device
+    "broadcast": lambda x, y: (x, y[0, 0, 0]),
+    "broadcast both": lambda x, y: (x[0, :, :1], y[0, 0, :, :1]),
+    "channels_last": lambda x, y: (x.contiguous(memory_format=torch.channels_last),
+                                   y.contiguous(memory_format=torch.channels_last)),
+    "mixed formats": lambda x, y: (x.contiguous(memory_format=torch.channels_last), y),
+    "transposed": lambda x, y: (x.transpose(1, 3), y.transpose(1, 3)),
+    "sliced": lambda x, y: (x[:, ::2], y[:, 1::2]),
+    "empty": lambda x, y: (x[:, :0], y[:, :0]),
+    "0-dim": lambda x, y: (x[0, 0, 0, 0], y[1, 1, 1, 1]),
+    "int64": lambda x, y: ((x * 10).long(), (y * 10).long()),
+}
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES)
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul, torch.div])
+def test_elementwise_binary_results_have_cpu_s_layout(op, case):
+    """Values, shapes and strides (memory format) as on CPU, for views made on each device."""
+    x, y = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    make = LAYOUT_CASES[case]
+    expected = op(*make(x, y))
+    result = op(*make(x.to(N), y.to(N)))
+    assert result.stride() == expected.stride()
+    assert_same(result, expected)
+
+
+@pytest.mark.parametrize("case", ["channels_last", "transposed", "sliced", "0-dim"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_silu_results_have_cpu_s_layout(case, inplace):
+    x = torch.randn(2, 3, 4, 5)
+    cpu, dev = LAYOUT_CASES[case](x, x)[0], LAYOUT_CASES[case](x.to(N), x.to(N))[0]
+    expected, result = F.silu(cpu, inplace=inplace), F.silu(dev, inplace=inplace)
+    assert result.stride() == expected.stride()
+    assert_same(result, expected)
+    assert_same(dev, cpu)
+
+
+def test_elementwise_binary_result_lands_on_the_operands_device():
+    a, b = torch.randn(64), torch.randn(64)
+    on1 = [t.to("neuron:1") for t in (a, b)]
+    before = [torch.neuron.memory_allocated(i) for i in (0, 1)]
+    with torch.neuron.device(0):
+        result = torch.add(*on1)
+    assert result.device == torch.device("neuron:1")
+    assert_same(result, a + b)
+    after = [torch.neuron.memory_allocated(i) for i in (0, 1)]
+    assert [n - o for n, o in zip(after, before)] == [0, 64 * 4]
+
+
 def test_out_resizes_and_reallocates():
     a, b = torch.randn(64, 32), torch.randn(64, 32)
     for fn in (torch.add, torch.mul, torch.sub, torch.atan2, torch.maximum):
