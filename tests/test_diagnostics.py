@@ -145,12 +145,12 @@ def test_later_calls_of_a_signature_are_checked(collect):
         strided * 1; strided_site = here()
     found = kinds(collect())
     (wide,) = found["float64"]
-    assert (wide["site"], wide["op"], wide["count"]) == (wide_site, "aten::_to_copy", 1)
+    assert (wide["site"], wide["ops"], wide["count"]) == (wide_site, {"aten::_to_copy": 1}, 1)
     (sync,) = found["host-sync-in-loop"]
     assert (sync["site"], sync["count"]) == (cpu_site, 3)
     out_of_range = {f["site"]: f for f in found["int64-range"]}
-    assert out_of_range[add_site]["count"] == 2 and "2147483649" in out_of_range[add_site]["detail"]
-    assert out_of_range[strided_site]["count"] == 2 and "1099511627776" in out_of_range[strided_site]["detail"]
+    assert out_of_range[add_site]["count"] == 2 and "2147483649" in out_of_range[add_site]["details"][0]
+    assert out_of_range[strided_site]["count"] == 2 and "1099511627776" in out_of_range[strided_site]["details"][0]
     signatures = diagnostics.get_op_signatures()
     assert signatures["aten::_to_copy(f32[3])"] == 7 and signatures["aten::add.Tensor(int64[2])"] == 4
 
