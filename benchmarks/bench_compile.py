@@ -41,6 +41,7 @@ import time
 # bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
 # MALLOC_* settings when they are missing, and child processes inherit them.
 import bench_eager  # noqa: E402
+from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.nn.functional as F  # noqa: E402
@@ -180,6 +181,7 @@ def measure(key, name, variants, budget_s, target):
         **{f"{v}_us": statistics.median(samples[v]) for v in VARIANTS},
         "ratio": statistics.median(ratios),
         "ratio_spread": _spread(ratios),
+        "ratio_rounds": ratios,
         "eager_ratio": statistics.median(n / c for c, n in zip(samples["cpu_eager"], samples["neuron_eager"])),
         "first_call_s": first_call_s,
         "equal_to_inductor": equal,
@@ -440,6 +442,21 @@ def _median_min_max_text(spread, unit=""):
     return f"{spread['median']:.2f}{unit} [{spread['min']:.2f}, {spread['max']:.2f}]"
 
 
+def target_entries(results, compile_results):
+    """The issue's targets for `benchmarks/targets.py`: run-time ratios per round, warm starts per round."""
+    names = {"mlp_train_step": "compiled MLP train step (neuron/Inductor CPU)",
+             "transformer_fwd": "compiled transformer fwd (neuron/Inductor CPU)"}
+    entries = [target_entry(names[r["key"]], r["ratio_rounds"], r["target"]) for r in results]
+    warm_start = (compile_results or {}).get("warm_start")
+    if warm_start:
+        runs = warm_start["runs"]
+        per_round = [] if "error" in warm_start else [c["wall_s"] / w["wall_s"]
+                                                      for c, w in zip(runs["cold"], runs["warm_precompiled"])]
+        entries.append(target_entry("warm compiled start, end to end (cold/warm, precompiled)", per_round,
+                              warm_start["target"], higher_is_better=True))
+    return entries
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
@@ -477,7 +494,8 @@ def main():
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
                     "malloc_env": bench_eager._MALLOC_ENV}
             ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
-            json.dump({"meta": meta, "ratios": ratios, "results": results, "compile": compile_results}, f, indent=1)
+            json.dump({"meta": meta, "ratios": ratios, "targets": target_entries(results, compile_results),
+                       "results": results, "compile": compile_results}, f, indent=1)
     misses = [r["name"] for r in results if not r["pass"]]
     misses += [k for k, r in (compile_results or {}).items() if r.get("pass") is False or "error" in r]
     warnings = [r["name"] for r in results if not r["equal_to_inductor"]]

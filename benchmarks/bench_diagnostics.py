@@ -29,6 +29,7 @@ import time
 # bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
 # MALLOC_* settings when they are missing.
 import bench_eager  # noqa: E402
+from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.nn.functional as F  # noqa: E402
@@ -230,7 +231,13 @@ def main():
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
                     "loadavg_end": load_end, "total_s": total_s, "malloc_env": bench_eager._MALLOC_ENV}
-            json.dump({"meta": meta, "observing": observing, "results": results}, f, indent=1)
+            by_name = {r["name"]: r for r in results}
+            targets = [
+                target_entry("observing: small op (+µs over not observing)", by_name[SMALL_OP]["l2_over_l1_us"],
+                             OBSERVING_TARGET_US, unit="µs"),
+                target_entry("observing: MLP forward (observed/not observed)", by_name[MLP_CASE]["l2_over_l1_ratio"],
+                             OBSERVING_TARGET_RATIO)]
+            json.dump({"meta": meta, "targets": targets, "observing": observing, "results": results}, f, indent=1)
     misses = [f"{r['name']} (level 1 over level 0)" for r in results if r.get("pass") is False]
     misses += [f"observing {name}" for name, s in observing.items() if not s["pass"]]
     bench_eager.report_outcome(misses, failures)

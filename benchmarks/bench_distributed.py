@@ -40,6 +40,7 @@ import time
 # bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
 # MALLOC_* settings when they are missing, and child processes inherit them.
 import bench_eager  # noqa: E402
+from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.distributed as dist  # noqa: E402
@@ -175,6 +176,15 @@ def small_target(ar):
                     "ratio_checked_q1": r["ratio_checked_q1"], "ratio_checked_q3": r["ratio_checked_q3"],
                     "rounds": r["rounds"], "met": r["ratio_checked"] <= AR_SMALL_TARGET}
     return None
+
+
+def target_entries(ar):
+    """The 4 KiB target for `benchmarks/targets.py`: checks on vs Gloo on CPU tensors, per round."""
+    sizes = [r for r in ar.get("sizes", []) if r["bytes"] == AR_SMALL_TARGET_AT]
+    per_round = [b / a for a, b in zip(sizes[0]["samples"]["gloo_cpu"], sizes[0]["samples"]["neuron_checked"])] \
+        if sizes else []
+    return [target_entry(f"all_reduce {_size(AR_SMALL_TARGET_AT)}, checks on (neuron/Gloo CPU)", per_round,
+                         AR_SMALL_TARGET)]
 
 
 def check_allreduce(groups, n, rank, world, gloo):
@@ -395,7 +405,8 @@ def main():
             meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load, "loadavg_end": load_end,
                     "malloc_env": bench_eager._MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
             ar_out = dict(ar, small_target=small_target(ar)) if "sizes" in ar else ar
-            json.dump({"meta": meta, "allreduce": ar_out, "tp": {str(k): v for k, v in tp.items()}}, f, indent=1)
+            json.dump({"meta": meta, "targets": target_entries(ar), "allreduce": ar_out,
+                       "tp": {str(k): v for k, v in tp.items()}}, f, indent=1)
     misses = [f"all_reduce {_size(r['bytes'])}" for r in ar.get("sizes", [])
               if r["bytes"] >= AR_TARGET_FROM and max(r["ratio_checked"], r["ratio_unchecked"]) > AR_TARGET]
     small = small_target(ar)
