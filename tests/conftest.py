@@ -18,7 +18,6 @@ LONGEST_FILES = (
     "test_clean_exit.py",
     "test_seed_examples.py",
     "test_compile_cache_processes.py",
-    "test_other_pipelines.py",
 )
 
 SHARED_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
