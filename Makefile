@@ -13,19 +13,26 @@ all: test
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first (the CPU wheel on local disk), then build tools and test deps.
-$(VENV)/.deps: pyproject.toml requirements-test.txt | $(PY)
-	$(PIP) install torch==2.13.0
-	$(PIP) install "setuptools>=64" wheel ninja
-	$(PIP) install -r requirements-test.txt
+# torch (the CPU wheel on local disk), numpy (which `import torch` loads if present) and the build
+# tools first; then two jobs at once: the test deps download and unpack while the core compiles
+# against that torch. --no-compile: Python byte-compiles a module when it is first imported, so
+# setup leaves the thousands never imported as they are.
+$(VENV)/.torch: | $(PY)
+	$(PIP) install --no-compile torch==2.13.0 numpy "setuptools>=64" wheel ninja
+	touch $@
+
+# torch named again so that this resolver keeps it exactly as installed.
+$(VENV)/.deps: pyproject.toml requirements-test.txt $(VENV)/.torch
+	$(PIP) install --no-compile torch==2.13.0 -r requirements-test.txt
 	touch $@
 
 # The core is compiled against the installed torch (no build isolation).
-$(VENV)/.core: $(VENV)/.deps $(CORE_SOURCES)
+$(VENV)/.core: $(VENV)/.torch $(CORE_SOURCES)
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 
-setup: $(VENV)/.core
+setup:
+	$(MAKE) --no-print-directory -j2 $(VENV)/.deps $(VENV)/.core
 
 demo: setup
 	$(PY) -m torch_neuronx.demo

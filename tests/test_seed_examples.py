@@ -1,7 +1,8 @@
-"""The seed's three programs (examples/) and the main job (torch_neuronx.demo) on the small
-Flux2-Klein pipeline built in code, each checked against plain PyTorch on CPU: eager equals CPU,
-compiled equals eager, tensor parallel equals one core."""
-import json
+"""The seed's eager and tensor-parallel programs (examples/) and the main job's tensor-parallel run
+(torch_neuronx.demo --tp) on the small Flux2-Klein pipeline built in code, each checked against
+plain PyTorch on CPU: eager equals CPU, tensor parallel equals one core; and the --model option.
+The compiled programs are in test_seed_examples_compiled.py (a file of their own, so that another
+worker can run them meanwhile)."""
 import os
 import subprocess
 import sys
@@ -11,61 +12,19 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import seed_examples
 from helpers.isolated import environment, run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZE = ["--height", "128", "--width", "128"]
-PIXEL_TOLERANCE = 2  # out of 255: PNG rounding of float32 results that differ in the last bits
-
-
-def program(args, cwd, **env):
-    r = subprocess.run([sys.executable, *args], cwd=cwd, env=environment(**env), capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    return r
-
-
-def example(name, tmp_path, *extra, **env):
-    program([os.path.join(ROOT, "examples", name), *SIZE, "--output", str(tmp_path / f"{name}.png"), *extra],
-            tmp_path, **env)
-    return np.asarray(Image.open(tmp_path / f"{name}.png"), dtype=np.int16)
+from helpers.seed_examples import PIXEL_TOLERANCE, ROOT, SIZE, example, program
 
 
 @pytest.fixture(scope="module")
-def neff_cache(tmp_path_factory):
-    """One compile cache for this module: the main job's first compile is the compiled program's."""
-    return str(tmp_path_factory.mktemp("neff"))
-
-
-@pytest.fixture(scope="module")
-def cpu_image(tmp_path_factory):
-    """What plain PyTorch on CPU draws with the seed's prompt and the examples' seed (0)."""
-    from diffusers import Flux2KleinPipeline
-
-    from torch_neuronx.demo.pipelines import tiny_flux2_klein_path
-
-    pipe = Flux2KleinPipeline.from_pretrained(tiny_flux2_klein_path())
-    torch.manual_seed(0)
-    image = pipe(prompt="a golden retriever surfing a wave, photorealistic", height=128, width=128,
-                 num_inference_steps=4).images[0]
-    return np.asarray(image, dtype=np.int16)
+def cpu_image():
+    return seed_examples.cpu_image()
 
 
 def test_eager_program_draws_what_cpu_draws(tmp_path, cpu_image):
     image = example("eager_neuron.py", tmp_path)
     assert image.shape == (128, 128, 3) and image.std() > 5  # a picture, not a blank
-    assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
-
-
-def test_compiled_program_draws_what_eager_draws(tmp_path, cpu_image, neff_cache):
-    image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
-    assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
-
-
-def test_compiled_program_draws_what_eager_draws_as_torchneuron_lowers_it(tmp_path, cpu_image, neff_cache):
-    """The xla executor: TorchNeuron's StableHLO program of the transformer, run by XLA:CPU."""
-    image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache,
-                    TORCH_NEURONX_COMPILE_EXECUTOR="xla")
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
 
 
@@ -75,32 +34,6 @@ def test_tensor_parallel_program_on_two_cores_draws_what_one_core_draws(tmp_path
              "--rdzv-endpoint=localhost:0", script, *SIZE, "--output", str(tmp_path / "tp.png")], tmp_path)
     image = np.asarray(Image.open(tmp_path / "tp.png"), dtype=np.int16)
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
-
-
-def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_path, neff_cache):
-    report = tmp_path / "phases.json"
-    r = program(["-m", "torch_neuronx.demo", *SIZE, "--steps", "2", "--output", str(tmp_path / "out.png"),
-                 "--json", str(report)], tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
-    phases = {p["name"]: p for p in json.loads(report.read_text())}
-    graphs = {name: p["graphs"] for name, p in phases.items()}
-    assert graphs == {
-        "cpu eager (the oracle)": None, "neuron eager": None,
-        "neuron compiled, warm-up": 1, "neuron compiled, second call": 0,
-        "neuron compiled, new size": 1, "neuron compiled, other step count": 0,
-        "repeated blocks compiled, warm-up": 2, "repeated blocks compiled, call": 0,
-    }, graphs
-    assert phases["neuron eager"]["difference"].endswith("vs cpu")
-    assert phases["neuron compiled, second call"]["difference"].endswith("vs eager")
-    assert "emulated trn2.3xlarge" in r.stdout and "memory peak on neuron:0" in r.stdout, r.stdout
-    assert (tmp_path / "out.png").stat().st_size > 0
-    # The readiness report of one eager and one compiled generation, printed and written.
-    assert "Trainium readiness report" in r.stdout and "ESTIMATED time on Trainium2" in r.stdout
-    readiness = json.loads((tmp_path / "neuron_report" / "report.json").read_text())
-    by_phase = {p["name"]: p for p in readiness["phases"]}
-    assert by_phase["eager generation"]["eager_calls"] > 100 and by_phase["eager generation"]["estimated_ms"] > 0
-    assert by_phase["compiled generation"]["compiled_graph_calls"] == 2  # one per denoising step
-    assert [g["calls"] for g in readiness["compiled_graphs"]] == [2] and not readiness["compiled_graphs"][0]["error"]
-    assert (tmp_path / "neuron_report" / "report.html").stat().st_size > 0
 
 
 def test_main_job_relaunches_itself_under_torchrun_for_tensor_parallel(tmp_path):

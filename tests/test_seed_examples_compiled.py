@@ -1,0 +1,59 @@
+"""The seed's compiled program (examples/compiled_neuron.py, with each executor) and the main job
+(torch_neuronx.demo) on the small Flux2-Klein pipeline built in code: compiled equals eager equals
+CPU, and the main job compiles only when shapes change."""
+import json
+
+import numpy as np
+import pytest
+
+from helpers import seed_examples
+from helpers.seed_examples import PIXEL_TOLERANCE, SIZE, example, program
+
+
+@pytest.fixture(scope="module")
+def neff_cache(tmp_path_factory):
+    """One compile cache for this module: the main job's first compile is the compiled program's."""
+    return str(tmp_path_factory.mktemp("neff"))
+
+
+@pytest.fixture(scope="module")
+def cpu_image():
+    return seed_examples.cpu_image()
+
+
+def test_compiled_program_draws_what_eager_draws(tmp_path, cpu_image, neff_cache):
+    image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
+    assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
+
+
+def test_compiled_program_draws_what_eager_draws_as_torchneuron_lowers_it(tmp_path, cpu_image, neff_cache):
+    """The xla executor: TorchNeuron's StableHLO program of the transformer, run by XLA:CPU."""
+    image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache,
+                    TORCH_NEURONX_COMPILE_EXECUTOR="xla")
+    assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
+
+
+def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_path, neff_cache):
+    report = tmp_path / "phases.json"
+    r = program(["-m", "torch_neuronx.demo", *SIZE, "--steps", "2", "--output", str(tmp_path / "out.png"),
+                 "--json", str(report)], tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
+    phases = {p["name"]: p for p in json.loads(report.read_text())}
+    graphs = {name: p["graphs"] for name, p in phases.items()}
+    assert graphs == {
+        "cpu eager (the oracle)": None, "neuron eager": None,
+        "neuron compiled, warm-up": 1, "neuron compiled, second call": 0,
+        "neuron compiled, new size": 1, "neuron compiled, other step count": 0,
+        "repeated blocks compiled, warm-up": 2, "repeated blocks compiled, call": 0,
+    }, graphs
+    assert phases["neuron eager"]["difference"].endswith("vs cpu")
+    assert phases["neuron compiled, second call"]["difference"].endswith("vs eager")
+    assert "emulated trn2.3xlarge" in r.stdout and "memory peak on neuron:0" in r.stdout, r.stdout
+    assert (tmp_path / "out.png").stat().st_size > 0
+    # The readiness report of one eager and one compiled generation, printed and written.
+    assert "Trainium readiness report" in r.stdout and "ESTIMATED time on Trainium2" in r.stdout
+    readiness = json.loads((tmp_path / "neuron_report" / "report.json").read_text())
+    by_phase = {p["name"]: p for p in readiness["phases"]}
+    assert by_phase["eager generation"]["eager_calls"] > 100 and by_phase["eager generation"]["estimated_ms"] > 0
+    assert by_phase["compiled generation"]["compiled_graph_calls"] == 2  # one per denoising step
+    assert [g["calls"] for g in readiness["compiled_graphs"]] == [2] and not readiness["compiled_graphs"][0]["error"]
+    assert (tmp_path / "neuron_report" / "report.html").stat().st_size > 0
