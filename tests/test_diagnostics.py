@@ -245,6 +245,33 @@ def test_recompiles_and_graph_breaks(collect, capsys):
     capsys.readouterr()
 
 
+def test_recompiles_after_a_dynamo_reset_are_found(capsys):
+    """Compile ids start again at 0 after torch._dynamo.reset(): a compile made while observing must
+    not be taken for one made before, which had the same id."""
+    def before(x):
+        return x + 1
+
+    def after(x):
+        return x * 3
+
+    torch._dynamo.reset()
+    torch.compile(before, backend=N)(torch.ones(2, device=N))
+    torch.compile(before, backend=N)(torch.ones(3, device=N))  # compile ids 0/0 and 0/1
+    torch._dynamo.reset()
+    torch_neuronx.clear_op_tracking()
+    diagnostics.start()
+    try:
+        compiled = torch.compile(after, backend=N)
+        compiled(torch.ones(2, device=N))
+        compiled(torch.ones(3, device=N))  # 0/0 and 0/1 again: the second is a recompile
+        found = kinds(diagnostics.report("Trainium2:2"))
+    finally:
+        diagnostics.stop()
+        torch_neuronx.clear_op_tracking()
+    (recompile,) = found["recompile"]
+    assert list(recompile["ops"]) == ["after()"]
+
+
 def test_inductor_on_neuron(collect):
     def double_sin(x):
         return (x * 2).sin()

@@ -221,11 +221,13 @@ class Detector:
         return out
 
 
-def compile_findings(known_compile_ids: set[str]) -> list[Finding]:
-    """Recompiles and graph breaks since collection started, from Dynamo's compilation metrics."""
+def compile_findings(earlier_compilations: list) -> list[Finding]:
+    """Recompiles and graph breaks since collection started, from Dynamo's compilation metrics
+    (`earlier_compilations`: the metrics objects that existed when it started)."""
     from torch._dynamo.utils import get_compilation_metrics
 
-    metrics = [m for m in get_compilation_metrics() if str(m.compile_id) not in known_compile_ids]
+    earlier = {id(m) for m in earlier_compilations}
+    metrics = [m for m in get_compilation_metrics() if id(m) not in earlier]
     resumes: dict[tuple[str, str], list[int]] = {}
     for m in metrics:  # a graph break resumes in torch_dynamo_resume_in_<fn>_at_<line>
         name = m.co_name or ""

@@ -91,7 +91,8 @@ class Collector:
         self._kept: tuple[list, list] | None = None  # the core's counts and timeline, once stopped
         from torch._dynamo.utils import get_compilation_metrics
 
-        self.known_compile_ids = {str(m.compile_id) for m in get_compilation_metrics()}
+        # Held, and compared by identity: compile ids repeat after torch._dynamo.reset().
+        self.earlier_compilations = get_compilation_metrics()
         self.sample_memory()  # the timeline starts where the program is
 
     def _phase(self, name: str) -> PhaseRecord:

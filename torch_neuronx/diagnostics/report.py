@@ -279,6 +279,6 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
          "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error,
          "lowering": g.lowering, "lowering_s": g.lowering_s, "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
         for name, g in graphs.items()]
-    found = collector.detector.collected() + findings.compile_findings(collector.known_compile_ids) + found
+    found = collector.detector.collected() + findings.compile_findings(collector.earlier_compilations) + found
     report.memory_timeline = _downsample(_from_first_allocation(timeline), TIMELINE_POINTS)
     return _with_findings(report, found)
