@@ -386,3 +386,97 @@ def test_inductor_cache_dir_is_the_users_only_when_they_chose_it(tmp_path, monke
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", chosen)
     with graph_cache.inductor_settings():
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == chosen
+
+
+@pytest.fixture
+def probe_library(tmp_path, monkeypatch):
+    """A stand-in for one of Inductor's ISA probe libraries, and a fake dlopen probe counting its calls
+    (its answer set by the test)."""
+    from torch_neuronx.neuron_dynamo_backend import isa_probe
+
+    assert isa_probe._install()
+    calls, answer = [], {"loads": True}
+
+    def fake_probe(isa, path):
+        calls.append(path)
+        return answer["loads"]
+
+    monkeypatch.setattr(isa_probe, "_original_probe_load", fake_probe)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    library = tmp_path / "probe.so"
+    library.write_bytes(b"\x7fELF probe library")
+    return str(library), calls, answer
+
+
+def _probe(path):
+    from torch._inductor.cpu_vec_isa import VecAVX2
+
+    return VecAVX2()._probe_load(path)
+
+
+def _records(tmp_path):
+    return sorted((tmp_path / "neff" / cc.INDUCTOR_SUBDIR / "vec_isa_probes").glob("*.ok"))
+
+
+def test_isa_probe_answered_from_a_record_only_inside_the_backends_context(tmp_path, probe_library):
+    from torch_neuronx.neuron_dynamo_backend import isa_probe
+
+    library, calls, _ = probe_library
+    assert _probe(library) and len(calls) == 1 and _records(tmp_path) == []  # outside: Inductor's probe, no record
+    with isa_probe.remembered_probes():
+        assert _probe(library) and len(calls) == 2  # no record yet: probed, then recorded
+        [record] = _records(tmp_path)
+        assert _probe(library) and len(calls) == 2  # answered from the record
+    assert _probe(library) and len(calls) == 3  # outside again: Inductor's own probe
+    with isa_probe.remembered_probes():
+        with open(library, "ab") as f:  # a rebuilt library is a different library: probed again
+            f.write(b"rebuilt")
+        assert _probe(library) and len(calls) == 4 and len(_records(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "appended"])
+def test_isa_probe_record_that_does_not_read_back_is_ignored_and_rewritten(tmp_path, probe_library, damage):
+    from torch_neuronx.neuron_dynamo_backend import isa_probe
+
+    library, calls, _ = probe_library
+    with isa_probe.remembered_probes():
+        _probe(library)
+        [record] = _records(tmp_path)
+        good = record.read_bytes()
+        record.write_bytes({"garbage": b"\x00" * len(good), "truncated": good[:-5], "empty": b"",
+                            "appended": good + b"x"}[damage])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a damaged record is only a miss
+            assert _probe(library) and len(calls) == 2
+        assert record.read_bytes() == good
+        assert _probe(library) and len(calls) == 2
+
+
+def test_isa_probe_failures_are_not_recorded_and_a_disabled_cache_keeps_no_records(tmp_path, probe_library,
+                                                                                    monkeypatch):
+    from torch_neuronx.neuron_dynamo_backend import isa_probe
+
+    library, calls, answer = probe_library
+    answer["loads"] = False
+    with isa_probe.remembered_probes():
+        assert not _probe(library) and not _probe(library) and len(calls) == 2
+        assert _records(tmp_path) == []
+        answer["loads"] = True
+        monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
+        assert _probe(library) and _probe(library) and len(calls) == 4
+        assert _records(tmp_path) == []
+
+
+def test_isa_probe_record_of_another_environment_is_not_trusted(tmp_path, probe_library, monkeypatch):
+    from torch_neuronx.neuron_dynamo_backend import isa_probe
+
+    library, calls, _ = probe_library
+    with isa_probe.remembered_probes():
+        _probe(library)
+        real_python = isa_probe.sys.executable
+        monkeypatch.setattr(isa_probe.sys, "executable", "/another/python")
+        assert _probe(library) and len(calls) == 2
+        monkeypatch.setattr(isa_probe.sys, "executable", real_python)
+        monkeypatch.setattr(isa_probe, "_cpu_description", lambda: "x86_64|another cpu|avx2")
+        assert _probe(library) and len(calls) == 3
+        assert len(_records(tmp_path)) == 3

@@ -192,3 +192,60 @@ def test_precompiled_function_is_not_traced_again_but_its_guards_hold(tmp_path):
     again, log = precompile_in_subprocess(script, neff)
     assert log.count("corrupt compile cache entry") == 1 and cold["key"] in log
     assert again["traced"] == 1 and again["out"] == cold["out"] and again["graphs"] == ["hit"]
+
+
+# Compiles the small model on neuron, counting Inductor's ISA dlopen probes (each a `python -c` subprocess).
+ISA_SCRIPT = """
+    import json, subprocess, torch
+    from torch._dynamo.utils import counters
+    from torch._inductor import cpu_vec_isa
+    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    probes, real_run = [], subprocess.run
+    def counting_run(cmd, *args, **kwargs):
+        if isinstance(cmd, list) and "-c" in cmd and "LoadLibrary" in cmd[-1]:
+            probes.append(cmd[-1])
+        return real_run(cmd, *args, **kwargs)
+    subprocess.run = counting_run
+    users_config = torch._inductor.config.get_config_copy()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.linspace(-1, 1, 64).reshape(4, 16)
+    expected = model(x)
+    compiled = torch.compile(model.to("neuron"), backend="neuron", fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        out = compiled(x.to("neuron")).cpu()
+    print(json.dumps({"out": out.tolist(), "max_error": (out - expected).abs().max().item(),
+                      "probes": len(probes), "remembered": isa_probe.counters["remembered"],
+                      "isas": [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()],
+                      "fx": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")},
+                      "config_unchanged": torch._inductor.config.get_config_copy() == users_config}))
+"""
+
+
+def test_warm_process_runs_no_isa_probe_and_hits_inductors_cache(tmp_path):
+    neff = tmp_path / "neff"
+    records = neff / "inductor" / "vec_isa_probes"
+
+    def compile_once():
+        r = run(ISA_SCRIPT, TORCH_NEURONX_NEFF_CACHE_DIR=str(neff))
+        assert r.returncode == 0, r.stderr[-3000:]
+        result = json.loads(r.stdout.splitlines()[-1])
+        assert result["max_error"] < 1e-5 and result["config_unchanged"]
+        return result, r.stderr
+
+    cold, _ = compile_once()
+    assert cold["probes"] > 0 and cold["remembered"] == 0 and cold["fx"].get("fxgraph_cache_miss", 0) >= 1
+    written = {p.name: p.read_bytes() for p in records.iterdir()}
+    assert len(written) == cold["probes"]  # every probe loaded, so every probe was recorded
+
+    warm, _ = compile_once()
+    assert warm["probes"] == 0 and warm["remembered"] == cold["probes"]
+    assert warm["fx"].get("fxgraph_cache_hit", 0) >= 1 and warm["fx"].get("fxgraph_cache_miss", 0) == 0
+    assert warm["isas"] == cold["isas"] and warm["out"] == cold["out"]
+
+    damaged = sorted(written)[0]
+    (records / damaged).write_bytes(b"not a record")
+    healed, log = compile_once()
+    assert healed["probes"] == 1 and healed["remembered"] == cold["probes"] - 1 and "probe" not in log
+    assert {p.name: p.read_bytes() for p in records.iterdir()} == written  # rewritten as it was
+    assert healed["isas"] == cold["isas"] and healed["out"] == cold["out"]

@@ -80,6 +80,26 @@ def cache_key(*parts) -> str:
     return h.hexdigest()
 
 
+def write_atomically(path: str, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one (concurrent
+    writers: last wins). Creates the directory; raises OSError, leaving no temp file behind."""
+    directory, tmp = os.path.dirname(path), None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".neff")
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
 class NeffCache:
     def __init__(self, directory: str | None = None):
         self.directory = os.path.abspath(directory or os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR")
@@ -187,22 +207,9 @@ class NeffCache:
         payload = bytes(payload)
         _log(f"Storing {key} ({len(payload)} bytes)")
         self._remember(key, payload)
-        shard, tmp = os.path.dirname(path), None
         try:
-            os.makedirs(shard, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=shard, prefix=".tmp-", suffix=".neff")
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
-                f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            # Atomic: readers see the old entry or the whole new one; concurrent writers: last wins.
-            os.replace(tmp, path)
+            write_atomically(path, _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
         except OSError as e:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             self._count("WriteFailures")
             warn_once(("unwritable", self.directory),
                        f"torch_neuronx: compile cache directory {self.directory} is not writable "

@@ -20,6 +20,7 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
+from torch_neuronx.neuron_dynamo_backend import isa_probe
 from torch_neuronx.version import __version__
 
 # Inductor cache directories this module put in TORCHINDUCTOR_CACHE_DIR (one per NEFF cache directory used).
@@ -56,6 +57,7 @@ def inputs_share_storage(cpu_inputs) -> bool:
 def inductor_settings(aliased_inputs: bool = False):
     """Inductor's working cache under the NEFF cache directory (unless the user chose one);
     its FX graph cache off when the NEFF cache is disabled, so a disabled cache really compiles.
+    Inductor's CPU vector-ISA probes answered from the NEFF cache's records (:mod:`.isa_probe`).
     AOTAutograd's cache is skipped for a graph whose inputs share a storage: its key leaves out
     which inputs alias, so it would hand back code compiled for separate inputs."""
     cache = neff_cache.get_cache()
@@ -71,7 +73,7 @@ def inductor_settings(aliased_inputs: bool = False):
             _inductor_dirs_set.add(inductor_dir)
     aot_cache = torch._functorch.config.enable_autograd_cache and not aliased_inputs
     with torch._inductor.config.patch(fx_graph_cache=cache.enabled), \
-            torch._functorch.config.patch(enable_autograd_cache=aot_cache):
+            torch._functorch.config.patch(enable_autograd_cache=aot_cache), isa_probe.remembered_probes():
         yield
 
 
