@@ -15,15 +15,16 @@ $(PY):
 
 # torch (the CPU wheel on local disk), numpy (which `import torch` loads if present) and the build
 # tools first; then two jobs at once: the test deps download and unpack while the core compiles
-# against that torch. --no-compile: Python byte-compiles a module when it is first imported, so
-# setup leaves the thousands never imported as they are.
+# against that torch. Packages are byte-compiled at install (no --no-compile): where
+# PYTHONDONTWRITEBYTECODE is set, nothing else would write the .pyc files, and every process of
+# the test run would compile torch's modules from source again.
 $(VENV)/.torch: | $(PY)
-	$(PIP) install --no-compile torch==2.13.0 numpy "setuptools>=64" wheel ninja
+	$(PIP) install torch==2.13.0 numpy "setuptools>=64" wheel ninja
 	touch $@
 
 # torch named again so that this resolver keeps it exactly as installed.
 $(VENV)/.deps: pyproject.toml requirements-test.txt $(VENV)/.torch
-	$(PIP) install --no-compile torch==2.13.0 -r requirements-test.txt
+	$(PIP) install torch==2.13.0 -r requirements-test.txt
 	touch $@
 
 # The core is compiled against the installed torch (no build isolation).
