@@ -194,6 +194,53 @@ def test_precompiled_function_is_not_traced_again_but_its_guards_hold(tmp_path):
     assert again["traced"] == 1 and again["out"] == cold["out"] and again["graphs"] == ["hit"]
 
 
+# The same file imported by name, then run as a script: two modules, one function source.
+TWO_NAMES_SCRIPT = """
+import json, sys, torch
+from torch._dynamo.utils import counters
+from torch_neuronx import neuron_dynamo_backend as backend
+print("top level of", __name__, file=sys.stderr)
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x)) * 0.5
+
+def main():
+    torch.manual_seed(0)
+    model = Scaled()
+    x = torch.linspace(-1, 1, 64).reshape(4, 16)
+    expected = model(x)
+    compiled = torch.compile(model.to("neuron"), backend="neuron", fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        out = compiled(x.to("neuron")).cpu()
+    print(json.dumps({"diff_vs_cpu": (out - expected).abs().max().item(), "traced": counters["stats"]["unique_graphs"],
+                      "graphs": [m["cache"] for m in backend.get_dynamo_metrics()]}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_package_of_a_module_is_refused_when_the_file_runs_as_a_script(tmp_path):
+    # Installed into __main__, the package's code lacked the globals it names (NameError on the next
+    # run), and checking its sources imported the script a second time.
+    (tmp_path / "scaledmod.py").write_text(textwrap.dedent(TWO_NAMES_SCRIPT))
+    importer, neff = tmp_path / "importer.py", tmp_path / "neff"
+    importer.write_text("import scaledmod\nscaledmod.main()\n")
+    imported, _ = precompile_in_subprocess(importer, neff)
+    assert imported["traced"] == 1 and imported["diff_vs_cpu"] < 1e-6
+    as_script, log = precompile_in_subprocess(tmp_path / "scaledmod.py", neff)
+    assert "it was compiled in module 'scaledmod', and the function is now in '__main__'" in log
+    assert "top level of scaledmod" not in log  # the script was not imported by name
+    assert as_script["traced"] == 1 and as_script["diff_vs_cpu"] < 1e-6
+    again, _ = precompile_in_subprocess(tmp_path / "scaledmod.py", neff)  # its own package now
+    assert again["traced"] == 0 and again["graphs"] == ["precompiled"] and again["diff_vs_cpu"] < 1e-6
+
+
 # Compiles the small model on neuron, counting Inductor's ISA dlopen probes (each a `python -c` subprocess).
 ISA_SCRIPT = """
     import json, subprocess, torch

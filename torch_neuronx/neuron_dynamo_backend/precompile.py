@@ -135,6 +135,19 @@ def _entry_key(source_id: str) -> str:
                                 PACKAGE_FORMAT)
 
 
+def _check_module(entry, fn: Callable[..., Any]) -> None:
+    """The package was traced in the module ``fn`` lives in now. A script run as ``__main__`` and the
+    same file imported by name are two modules: the generated code installed into the other one
+    would lack the globals it names, and checking its sources would import the script again."""
+    from torch._dynamo.eval_frame import innermost_fn
+
+    module = getattr(innermost_fn(fn), "__module__", None)
+    for code in entry.dynamo.codes:
+        if code.python_module != module:
+            raise RuntimeError(f"it was compiled in module {code.python_module!r}, and the function is now in "
+                               f"{module!r}")
+
+
 def _check_sources(entry) -> None:
     """Dynamo's own check (it raises when installing): the code traced into the package is unchanged."""
     for code in entry.dynamo.source_info.inlined_sources:
@@ -224,6 +237,7 @@ class NeffDynamoCache(dynamo_package.DiskDynamoCache):
             if not isinstance(entry, dynamo_package.PrecompileCacheEntry):
                 raise RuntimeError(f"not a compiled function but {type(entry).__name__}")
             entry.dynamo.check_versions()
+            _check_module(entry, fn)
             _check_sources(entry)
             _check_guards(entry, fn)
             _reserve_global_names(entry)
