@@ -14,7 +14,8 @@ alternation: with the compiled graphs in the cache (Dynamo traces the code again
 Dynamo's caching precompile on (``TORCH_CACHING_PRECOMPILE=1``: the whole compiled function is in
 the cache, nothing is traced). Each round has its own cold process and cache directory; the warm /
 cold ratio of the start (compile + first result) is reported per round, as median, min and max,
-under ``compile.warm_start`` in the JSON.
+under ``compile.warm_start`` in the JSON. Beside it, the floor: a fresh process importing only
+Dynamo and the modules Inductor's generated code imports, which any start that runs the graph pays.
 
     python benchmarks/bench_compile.py [--json PATH] [--threads N] [--only train|forward]
                                        [--compile-rounds N] [--compile-only]
@@ -228,8 +229,25 @@ def _child_repeated_model():
     return RepeatedBlocksModel().eval()
 
 
+# What every start that runs a compiled graph imports: Dynamo (torch.compile's front end), and the
+# modules Inductor's generated code for a CPU graph imports. Timed alone, in a fresh process.
+IMPORT_FLOOR_MODULES = ("torch._dynamo", "torch._inductor.async_compile", "torch._inductor.select_algorithm",
+                        "torch._inductor.codegen.memory_planning", "torch._inductor.hooks")
+
+
+def run_import_floor_child():
+    import importlib
+
+    start = time.perf_counter()
+    for name in IMPORT_FLOOR_MODULES:
+        importlib.import_module(name)
+    print(CHILD_MARK + json.dumps({"mode": "import_floor", "wall_s": time.perf_counter() - start}), flush=True)
+
+
 def run_child(mode):
     """One compile in this fresh process: the model on neuron, compiled, called once."""
+    if mode == "import_floor":
+        return run_import_floor_child()
     if mode == "transformer":
         model = _child_transformer()
     else:
@@ -287,7 +305,7 @@ def _median_min_max(values):
 def warm_start_cases(threads, rounds):
     """Per round, in a fresh cache directory: a cold start (caching precompile on, so it stores the whole
     function too), then a warm start with the graph cache only and one with the precompiled function."""
-    runs = {"cold": [], "warm": [], "warm_precompiled": []}
+    runs = {"cold": [], "warm": [], "warm_precompiled": [], "import_floor": []}
     for index in range(rounds):
         cache_dir = tempfile.mkdtemp(prefix="bench_compile_neff_")
         try:
@@ -295,6 +313,7 @@ def warm_start_cases(threads, rounds):
                 result = spawn_child("transformer", cache_dir, threads, precompile)
                 _log_child(f"{label} (round {index + 1})", result)
                 runs[label].append(result)
+            runs["import_floor"].append(spawn_child("import_floor", cache_dir, threads))
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
     summary = {"rounds": rounds, "runs": runs, "target": 10.0}
@@ -310,6 +329,10 @@ def warm_start_cases(threads, rounds):
             "same_output_as_cold": all(c["output_sha256"] == w["output_sha256"] for c, w in pairs),
         }
     summary["cold_wall_s"] = _median_min_max([c["wall_s"] for c in runs["cold"]])
+    # No warm start that runs the graph can be shorter than these imports: cold / floor bounds the ratio.
+    summary["import_floor_s"] = _median_min_max([f["wall_s"] for f in runs["import_floor"]])
+    summary["cold_over_import_floor"] = _median_min_max([c["wall_s"] / f["wall_s"]
+                                                         for c, f in zip(runs["cold"], runs["import_floor"])])
     precompiled = summary["warm_precompiled"]
     summary["ratio"] = precompiled["cold_over_warm_wall"]["median"]
     summary["pass"] = (summary["ratio"] >= summary["target"] and precompiled["same_output_as_cold"]
@@ -436,6 +459,10 @@ def warm_start_markdown(summary):
                      f"{_median_min_max_text(r['cold_over_warm_wall'], 'x')} | {target} | {result} |")
         if not r["same_output_as_cold"]:
             lines.append(f"| ⚠ {title}: output ≠ cold output | | | | bitwise | WARN |")
+    lines.append(f"| floor: importing Dynamo and the modules Inductor's generated code imports | "
+                 f"{_median_min_max_text(summary['import_floor_s'])} | — | "
+                 f"{_median_min_max_text(summary['cold_over_import_floor'], 'x')} (the most any warm start can "
+                 f"reach) | — | — |")
     return lines
 
 
@@ -467,7 +494,8 @@ def main():
     parser.add_argument("--compile-rounds", type=int, default=2, metavar="N",
                         help="rounds of cold and warm starts, each in its own cache directory (default 2)")
     parser.add_argument("--compile-only", action="store_true", help="only the compile-time cases")
-    parser.add_argument("--_child", choices=("transformer", "whole", "repeated"), help=argparse.SUPPRESS)
+    parser.add_argument("--_child", choices=("transformer", "whole", "repeated", "import_floor"),
+                        help=argparse.SUPPRESS)
     opts = parser.parse_args()
 
     torch.set_num_threads(opts.threads)  # one process, so every variant shares the setting
