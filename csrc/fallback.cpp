@@ -186,72 +186,6 @@ struct SilentWarnings final : c10::WarningHandler {
 
 }  // namespace
 
-namespace {
-
-// True if every tensor argument is a neuron tensor of one device, or a CPU
-// scalar (0-dim) tensor: what one CallContext aliases without a device error.
-bool on_one_neuron_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const size_t num_args = op.schema().arguments().size();
-  int device = -1;
-  auto fits = [&device](const at::Tensor& t) {
-    if (!t.defined()) return true;
-    if (t.device().type() != kNeuron) return t.device().is_cpu() && t.dim() == 0;
-    if (device < 0) device = t.device().index();
-    return t.device().index() == device;
-  };
-  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      if (!fits(v.toTensor())) return false;
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (!fits(t)) return false;
-      }
-    } else if (v.isList()) {
-      for (const c10::IValue& element : v.toListRef()) {
-        if (element.isTensor() && !fits(element.toTensor())) return false;
-      }
-    }
-  }
-  return device >= 0;
-}
-
-// The foreach ops' only kernel is generic: a loop calling the per-tensor op on
-// each element, which on neuron is one dispatch and one set of aliases per
-// element. When all the lists live on one neuron device, one fallback call runs
-// CPU's loop on aliases instead (the same CPU kernels, so the same bits).
-// Lists mixing devices keep the loop on the tensors themselves, each element
-// computed where it lives (CUDA's slow route does the same).
-void foreach_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (on_one_neuron_device(op, *stack)) {
-    neuron_fallback(op, stack);
-  } else {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);  // CPU's entry is the generic loop
-  }
-}
-
-// Every aten::_foreach_* op whose only kernel is generic.
-int64_t route_foreach_ops() {
-  auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  int64_t routed = 0;
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
-    auto op = dispatcher.findOp(name);
-    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
-      continue;
-    }
-    const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_fallback>());
-    ++routed;
-  }
-  return routed;
-}
-
-}  // namespace
-
 // An op with its own CPU kernel may also have a generic (composite) kernel: the
 // one every structured op gets (CompositeExplicitAutogradNonFunctional), or a
 // decomposition for other backends (CompositeExplicitAutograd/ImplicitAutograd).
@@ -265,7 +199,7 @@ int64_t route_generic_kernel_ops_to_fallback() {
            (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
             op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
             op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
-  }) + route_foreach_ops();
+  });
   return routed;
 }
 

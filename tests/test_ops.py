@@ -155,44 +155,6 @@ def test_tensorlist_ops():
     assert_same(list(torch.chunk(torch.cat(dxs), 3)), list(torch.chunk(torch.cat(xs), 3)))
 
 
-def test_foreach_ops_run_as_one_call_and_match_cpu():
-    import torch_neuronx
-    from torch_neuronx import diagnostics
-
-    gen = torch.Generator().manual_seed(0)
-    ps, gs, ms = ([torch.randn(7, 3, generator=gen) for _ in range(4)] for _ in range(3))
-    dps, dgs, dms = to_device(ps, N), to_device(gs, N), to_device(ms, N)
-    shared = torch.randn(12, generator=gen)  # list elements viewing one storage, as flat parameters do
-    views, dviews = list(shared.split(4)), list(shared.to(N).split(4))
-    torch_neuronx.clear_op_tracking()
-    for p, g, m, v in ((ps, gs, ms, views), (dps, dgs, dms, dviews)):
-        torch._foreach_lerp_(m, g, 0.1)
-        torch._foreach_addcmul_(p, g, g, 0.5)  # the same tensor twice in one call
-        roots = torch._foreach_sqrt(torch._foreach_abs(p))
-        torch._foreach_addcdiv_(p, m, roots, [0.1, 0.2, 0.3, 0.4])
-        torch._foreach_add_(v, v[::-1], alpha=2.0)  # reads and writes overlapping views
-        torch._foreach_mul_(p, torch.tensor(0.5))  # a CPU 0-dim tensor beside neuron lists
-    calls = diagnostics.get_op_counts()
-    # one call per foreach op on neuron, not one per element
-    assert calls["aten::_foreach_addcmul_.Scalar"] == 1 and calls["aten::_foreach_sqrt"] == 1
-    assert not any(name in calls for name in ("aten::addcmul_", "aten::sqrt", "aten::lerp_.Scalar"))
-    assert_same(dps, ps)
-    assert_same(dms, ms)
-    assert_same(dviews, views)
-
-
-def test_foreach_ops_on_mixed_devices_compute_each_element_where_it_lives():
-    xs = [torch.randn(5), torch.randn(3)]
-    mixed = [xs[0].to(N), xs[1].clone()]
-    torch._foreach_mul_(mixed, 3.0)
-    assert mixed[0].device.type == N and mixed[1].device.type == "cpu"
-    expected = [x * 3.0 for x in xs]
-    assert all(torch.equal(m.cpu(), e) for m, e in zip(mixed, expected))
-    roots = torch._foreach_sqrt(torch._foreach_abs(mixed))
-    assert [r.device.type for r in roots] == [N, "cpu"]
-    assert all(torch.equal(r.cpu(), e.abs().sqrt()) for r, e in zip(roots, expected))
-
-
 @pytest.mark.parametrize("index_device", ["neuron", "cpu"])
 def test_indexing_with_neuron_and_cpu_indices(index_device):
     x = torch.randn(10, 6)
