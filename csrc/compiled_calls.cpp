@@ -6,12 +6,16 @@
 // abort on an exception); frames nest per thread. When gradients flow, the
 // same calls are autograd Functions at both ends, so one backward pass runs
 // neuron autograd, the CPU graph's (AOTAutograd's compiled backward) and the
-// grad accumulation without leaving C++.
+// grad accumulation without leaving C++. `_enter/_exit_compiled_call_any`
+// choose between the two forms in C++, so Python makes one call at each end.
 #include "dispatch.h"
 
+#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace neuron {
@@ -21,6 +25,7 @@ struct Frame {
   CallContext ctx{kCompiledGraphCall};
   std::vector<std::pair<at::Tensor, at::Tensor>> inputs;  // (neuron tensor, its CPU alias)
   std::vector<int64_t> alias_versions;
+  bool differentiable = false;  // entered with autograd: the exit must be too
 };
 
 thread_local std::vector<std::unique_ptr<Frame>> t_frames;
@@ -67,47 +72,59 @@ void abort_call() {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The device index of each neuron tensor, -1 for a CPU one.
-std::vector<int64_t> device_indices(at::TensorList tensors) {
-  std::vector<int64_t> indices;
-  indices.reserve(tensors.size());
-  for (const auto& t : tensors) {
-    indices.push_back(t.defined() && t.device().type() == kNeuron ? t.device().index() : -1);
-  }
-  return indices;
-}
+// The backward of a differentiable enter: the CPU aliases' gradients come back
+// as the inputs' gradients, adopted as neuron tensors on the input's device
+// (zero-copy). A missing gradient stays missing (no zeros). A plain Node rather
+// than an autograd::Function: the forward only wires edges, with no context,
+// saved values or output bookkeeping per call.
+struct IntoHostGraphBackward final : torch::autograd::Node {
+  explicit IntoHostGraphBackward(torch::autograd::edge_list&& next) : Node(std::move(next)) {}
 
-// enter, differentiable: the CPU aliases' gradients come back as the inputs'
-// gradients (adopted as neuron tensors on the input's device, zero-copy).
-struct IntoHostGraph : torch::autograd::Function<IntoHostGraph> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList inputs) {
-    ctx->set_materialize_grads(false);  // an input without a gradient needs no zeros
-    variable_list aliases = enter(inputs);
-    variable_list no_grad;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].requires_grad()) no_grad.push_back(aliases[i]);
-    }
-    ctx->mark_non_differentiable(no_grad);
-    ctx->saved_data["devices"] = device_indices(inputs);
-    return aliases;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list cpu_grads) {
-    const auto devices = ctx->saved_data["devices"].toIntVector();
-    variable_list grads;
-    grads.reserve(cpu_grads.size());
+  variable_list apply(variable_list&& cpu_grads) override {
     for (size_t i = 0; i < cpu_grads.size(); ++i) {
-      if (devices[i] < 0 || !cpu_grads[i].defined()) {
-        grads.push_back(std::move(cpu_grads[i]));
-        continue;
-      }
+      if (devices[i] < 0 || !cpu_grads[i].defined()) continue;
       CallContext adopt(kCompiledGraphCall);
       adopt.set_output_device(devices[i]);
-      grads.push_back(adopt.to_neuron(cpu_grads[i]));
+      cpu_grads[i] = adopt.to_neuron(cpu_grads[i]);
     }
-    return grads;
+    return std::move(cpu_grads);
   }
+  std::string name() const override { return "IntoHostGraphBackward"; }
+
+  std::vector<c10::DeviceIndex> devices;  // per input: its neuron device, -1 for a CPU input
 };
+
+// enter, differentiable: the alias of each input that requires grad gets the
+// gradient edge into IntoHostGraphBackward; the others need none.
+std::vector<at::Tensor> enter_differentiable(at::TensorList inputs) {
+  std::vector<at::Tensor> aliases = enter(inputs);
+  t_frames.back()->differentiable = true;
+  auto node = c10::make_intrusive<IntoHostGraphBackward>(torch::autograd::collect_next_edges(inputs));
+  if (torch::autograd::AnomalyMode::is_enabled()) node->metadata()->store_stack();
+  node->devices.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    node->devices.push_back(t.defined() && t.device().type() == kNeuron ? t.device().index() : -1);
+    if (t.defined() && t.requires_grad()) {
+      auto* alias = aliases[i].unsafeGetTensorImpl();
+      const bool edged_before = std::any_of(aliases.begin(), aliases.begin() + i,
+                                            [alias](const at::Tensor& a) { return a.unsafeGetTensorImpl() == alias; });
+      if (alias == t.unsafeGetTensorImpl() || edged_before) {
+        // A CPU input is its own alias, and an input passed twice has one alias:
+        // the edge goes on a view, never on the input (a leaf, perhaps) itself
+        // nor over the other slot's edge.
+        at::AutoGradMode no_grad(false);
+        c10::AutoFwGradMode no_forward_grad(false);
+        aliases[i] = aliases[i].view_as(aliases[i]);
+      }
+      const uint32_t slot = node->add_input_metadata(aliases[i]);
+      torch::autograd::impl::set_gradient_edge(aliases[i], torch::autograd::Edge(node, slot));
+    } else {
+      node->add_input_metadata(torch::autograd::Node::undefined_input());
+    }
+  }
+  return aliases;
+}
 
 // exit, differentiable: the neuron outputs' gradients enter the CPU graph as
 // CPU aliases.
@@ -141,9 +158,27 @@ struct OutOfHostGraph : torch::autograd::Function<OutOfHostGraph> {
   }
 };
 
-std::vector<at::Tensor> enter_differentiable(at::TensorList inputs) { return IntoHostGraph::apply(inputs); }
-
 std::vector<at::Tensor> exit_differentiable(at::TensorList outputs) { return OutOfHostGraph::apply(outputs); }
+
+bool any_requires_grad(at::TensorList tensors) {
+  for (const auto& t : tensors) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+// With gradients flowing into the graph (grad mode on, an input requiring
+// grad), the differentiable enter; else the plain one. The exit follows the
+// frame's choice.
+std::vector<at::Tensor> enter_any(at::TensorList inputs) {
+  if (c10::GradMode::is_enabled() && any_requires_grad(inputs)) return enter_differentiable(inputs);
+  return enter(inputs);
+}
+
+std::vector<at::Tensor> exit_any(at::TensorList outputs) {
+  TORCH_CHECK(!t_frames.empty(), "neuron: _exit_compiled_call without _enter_compiled_call");
+  return t_frames.back()->differentiable ? exit_differentiable(outputs) : exit(outputs);
+}
 
 }  // namespace
 
@@ -153,6 +188,8 @@ TORCH_LIBRARY_FRAGMENT(neuron, m) {
   m.def("_abort_compiled_call() -> ()", &abort_call);
   m.def("_enter_compiled_call_differentiable(Tensor[] inputs) -> Tensor[]", &enter_differentiable);
   m.def("_exit_compiled_call_differentiable(Tensor[] outputs) -> Tensor[]", &exit_differentiable);
+  m.def("_enter_compiled_call_any(Tensor[] inputs) -> Tensor[]", &enter_any);
+  m.def("_exit_compiled_call_any(Tensor[] outputs) -> Tensor[]", &exit_any);
 }
 
 }  // namespace neuron

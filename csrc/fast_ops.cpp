@@ -1,7 +1,8 @@
 // Unboxed fast paths for the hottest ops: alias -> CPU kernel -> adopt, with
 // no boxing and no second trip through the dispatcher (at::cpu:: calls the
-// CPU kernel directly), or, for add, sub, mul, div and silu on neuron operands,
-// CPU's structured kernel run on the neuron tensors themselves (the direct path).
+// CPU kernel directly), or, for add, sub, mul, div, silu and the optimizers'
+// lerp_, addcmul_, addcdiv_ and sqrt on neuron operands, CPU's structured kernel
+// run on the neuron tensors themselves (the direct path).
 // Results and semantics are the fallback's.
 #include "dispatch.h"
 
@@ -15,6 +16,10 @@
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/DispatchStub.h>
+#include <ATen/native/Lerp.h>
+#include <ATen/native/PointwiseOps.h>
+#include <ATen/native/UnaryOps.h>
+#include <ATen/ops/sqrt_native.h>
 #include <ATen/TensorIterator.h>
 #include <torch/library.h>
 
@@ -44,6 +49,16 @@ void add_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
 void mul_on_cpu(at::TensorIteratorBase& iter) { at::native::mul_stub(c10::DeviceType::CPU, iter); }
 void div_true_on_cpu(at::TensorIteratorBase& iter) { at::native::div_true_stub(c10::DeviceType::CPU, iter); }
 void silu_on_cpu(at::TensorIteratorBase& iter) { at::native::silu_stub(c10::DeviceType::CPU, iter); }
+void lerp_scalar_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& weight) {
+  at::native::lerp_kernel_scalar_weight(c10::DeviceType::CPU, iter, weight);
+}
+void addcmul_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& value) {
+  at::native::addcmul_stub(c10::DeviceType::CPU, iter, value);
+}
+void addcdiv_on_cpu(at::TensorIteratorBase& iter, const c10::Scalar& value) {
+  at::native::addcdiv_stub(c10::DeviceType::CPU, iter, value);
+}
+void sqrt_on_cpu(at::TensorIteratorBase& iter) { at::native::sqrt_stub(c10::DeviceType::CPU, iter); }
 #endif
 
 // A CPU structured kernel (``Kernel``: its meta computes shape, dtype and strides into a TensorIterator,
@@ -227,6 +242,50 @@ at::Tensor& silu_inplace(at::Tensor& self) {
   return self;
 }
 
+// The optimizers' pointwise ops (AdamW's foreach loop calls them once per
+// parameter): in place on neuron operands of one dtype and device, CPU's kernel
+// writes into the neuron tensor itself; else the alias path.
+at::Tensor& lerp_scalar_inplace(at::Tensor& self, const at::Tensor& end, const at::Scalar& weight) {
+  CallContext ctx("aten::lerp_.Scalar");
+  if (direct_operands(self, end)) {
+    at::cpu::lerp_(self, end, weight);
+    ctx.observe({&self, &end}, self);
+    return self;
+  }
+  auto cs = ctx.alias(self), ce = ctx.alias(end);
+  ctx.check_devices();
+  at::cpu::lerp_(cs, ce, weight);
+  return self;
+}
+
+#define NEURON_POINTWISE_INPLACE(OP)                                                                       \
+  at::Tensor& OP##_inplace(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,                  \
+                           const at::Scalar& value) {                                                     \
+    CallContext ctx("aten::" #OP "_");                                                                     \
+    if (direct_operands(self, t1) && direct_operands(self, t2)) {                                          \
+      at::cpu::OP##_(self, t1, t2, value);                                                                 \
+      ctx.observe({&self, &t1, &t2}, self);                                                                \
+      return self;                                                                                         \
+    }                                                                                                      \
+    auto cs = ctx.alias(self), c1 = ctx.alias(t1), c2 = ctx.alias(t2);                                     \
+    ctx.check_devices();                                                                                   \
+    at::cpu::OP##_(cs, c1, c2, value);                                                                     \
+    return self;                                                                                           \
+  }
+
+NEURON_POINTWISE_INPLACE(addcmul)
+NEURON_POINTWISE_INPLACE(addcdiv)
+
+at::Tensor sqrt(const at::Tensor& self) {
+  CallContext ctx("aten::sqrt");
+  if (direct_operand(self) && self.is_floating_point()) {  // an integer input would need a cast to float first
+    at::Tensor out = run_direct<at::native::structured_sqrt_out>(self.device().index(), self);
+    ctx.observe({&self}, out);
+    return out;
+  }
+  return ctx.to_neuron(at::cpu::sqrt(ctx.alias(self)));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input,
                                                                  c10::IntArrayRef normalized_shape,
                                                                  const std::optional<at::Tensor>& weight,
@@ -271,6 +330,10 @@ void install_direct_stubs() {
   at::native::mul_stub.set_privateuse1_dispatch_ptr(&mul_on_cpu);
   at::native::div_true_stub.set_privateuse1_dispatch_ptr(&div_true_on_cpu);
   at::native::silu_stub.set_privateuse1_dispatch_ptr(&silu_on_cpu);
+  at::native::lerp_kernel_scalar_weight.set_privateuse1_dispatch_ptr(&lerp_scalar_on_cpu);
+  at::native::addcmul_stub.set_privateuse1_dispatch_ptr(&addcmul_on_cpu);
+  at::native::addcdiv_stub.set_privateuse1_dispatch_ptr(&addcdiv_on_cpu);
+  at::native::sqrt_stub.set_privateuse1_dispatch_ptr(&sqrt_on_cpu);
 #endif
 }
 
@@ -300,6 +363,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("gelu_", TORCH_FN(gelu_inplace));
   m.impl("silu", TORCH_FN(silu));
   m.impl("silu_", TORCH_FN(silu_inplace));
+  m.impl("lerp_.Scalar", TORCH_FN(lerp_scalar_inplace));
+  m.impl("addcmul_", TORCH_FN(addcmul_inplace));
+  m.impl("addcdiv_", TORCH_FN(addcdiv_inplace));
+  m.impl("sqrt", TORCH_FN(sqrt));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("cat", TORCH_FN(cat));
   m.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(sdpa_flash_for_cpu));

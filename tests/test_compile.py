@@ -215,6 +215,19 @@ def test_runtime_failure_is_a_neff_execution_error():
         torch.ops.neuron._exit_compiled_call([])
 
 
+def test_gradients_of_an_input_passed_twice_to_a_compiled_graph_match_cpu():
+    # One alias serves both slots: each slot must still get its gradient edge.
+    from torch_neuronx.neuron_dynamo_backend import executor
+
+    w0 = torch.randn(3, 3)
+    w_cpu = w0.clone().requires_grad_()
+    (w_cpu * w_cpu.t()).sum().backward()
+    w = w0.to("neuron").requires_grad_()
+    (out,) = executor.run_graph_on_neuron(lambda a, b: [(a * b.t()).sum()])(w, w)
+    out.backward()
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad, rtol=0, atol=0)
+
+
 def test_gradients_through_a_compiled_graph_match_cpu_at_the_edges():
     # The wrapper every compiled graph gets, around a CPU function with the awkward outputs: an
     # input returned as is, an output without a gradient, an integer output; and a CPU input.

@@ -155,6 +155,30 @@ def test_tensorlist_ops():
     assert_same(list(torch.chunk(torch.cat(dxs), 3)), list(torch.chunk(torch.cat(xs), 3)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_optimizer_pointwise_ops_match_cpu(dtype, layout):
+    # lerp_, addcmul_, addcdiv_ and sqrt: what AdamW's foreach loop runs per parameter
+    make = {"contiguous": lambda t: t, "transposed": lambda t: t.t(), "strided": lambda t: t[:, ::2]}[layout]
+    gen = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(9, 6, generator=gen).to(dtype) for _ in range(3))
+    c = c.abs() + 0.1
+    results = {}
+    for device in ("cpu", N):
+        x = make(a.clone().to(device))
+        y, z = make(b.to(device)), make(c.to(device))
+        x.lerp_(y, 0.1).addcmul_(y, y, value=0.001).addcdiv_(y, z.sqrt(), value=-0.01)
+        x.lerp_(torch.tensor(0.5, dtype=dtype), 0.3)  # a CPU 0-dim end beside a neuron self
+        results[device] = (x, z.sqrt())
+    assert_same(list(results[N]), list(results["cpu"]))
+
+
+def test_sqrt_of_integers_matches_cpu():
+    x = torch.arange(12).reshape(3, 4)
+    assert_same(x.to(N).sqrt(), x.sqrt())
+    assert_same(x.to(N).t().sqrt(), x.t().sqrt())
+
+
 @pytest.mark.parametrize("index_device", ["neuron", "cpu"])
 def test_indexing_with_neuron_and_cpu_indices(index_device):
     x = torch.randn(10, 6)

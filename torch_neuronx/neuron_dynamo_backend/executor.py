@@ -1,11 +1,10 @@
 """The runtime of compiled graphs: a CPU-compiled graph run on neuron tensors' own bytes.
 
 Neuron inputs are passed as CPU aliases of the same bytes and the outputs come back as neuron
-tensors without a copy (``_enter/_exit_compiled_call`` in csrc/compiled_calls.cpp). When
-gradients flow, their ``_differentiable`` forms are autograd Functions in C++: the CPU graph's
-autograd (AOTAutograd's) sits between them in the one neuron graph, so a backward pass runs the
-compiled backward on CPU aliases of the incoming gradients and adopts what it returns, without
-Python in between.
+tensors without a copy (``_enter/_exit_compiled_call_any`` in csrc/compiled_calls.cpp). When
+gradients flow, both ends are autograd nodes in C++: the CPU graph's autograd (AOTAutograd's)
+sits between them in the one neuron graph, so a backward pass runs the compiled backward on CPU
+aliases of the incoming gradients and adopts what it returns, without Python in between.
 """
 from __future__ import annotations
 
@@ -17,17 +16,12 @@ from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFExecutionError
 from torch_neuronx.runtime import BACKEND_NAME, ops
 
 
-def _call(compiled: Callable, cpu_args: Sequence[Any]) -> Any:
-    """Run the compiled graph on CPU aliases; on failure pop the alias frame and say which part failed."""
-    try:
-        return compiled(*cpu_args)
-    except Exception as error:
-        ops._abort_compiled_call()
+def _failed(error: BaseException) -> None:
+    """Pop the alias frame of a call whose compiled graph raised; say which part failed."""
+    ops._abort_compiled_call()
+    if isinstance(error, Exception):
         raise NEFFExecutionError(f"a neuron compiled graph failed while running: {type(error).__name__}: "
                                  f"{error}") from error
-    except BaseException:
-        ops._abort_compiled_call()
-        raise
 
 
 def _run(compiled: Callable, args: Sequence[Any], positions: list[int], aliases: list) -> tuple[list, Any]:
@@ -36,7 +30,12 @@ def _run(compiled: Callable, args: Sequence[Any], positions: list[int], aliases:
     cpu_args = list(args)
     for i, alias in zip(positions, aliases):
         cpu_args[i] = alias
-    return torch.utils._pytree.tree_flatten(_call(compiled, cpu_args))
+    try:
+        outputs = compiled(*cpu_args)
+    except BaseException as error:
+        _failed(error)
+        raise
+    return torch.utils._pytree.tree_flatten(outputs)
 
 
 def _map_back(flat: list, slots: list[int], mapped: Sequence[torch.Tensor], spec) -> Any:
@@ -48,26 +47,31 @@ def _map_back(flat: list, slots: list[int], mapped: Sequence[torch.Tensor], spec
 
 def run_graph_on_neuron(compiled: Callable, leading: Sequence[torch.Tensor] = ()) -> Callable:
     """Wrap a CPU-compiled graph so it takes and returns neuron tensors, zero-copy; ``leading``
-    (the lifted tensor attributes) go before the caller's arguments on every call."""
+    (the lifted tensor attributes) go before the caller's arguments on every call. The core's
+    enter picks the differentiable form when grad mode is on and an input requires grad, and
+    the exit follows it, so a call costs Python one list and two op calls."""
     leading = tuple(leading)
+    enter, leave = ops._enter_compiled_call_any.default, ops._exit_compiled_call_any.default
+    tensor_type = torch.Tensor
 
     def call(*args):
         if leading:
             args = (*leading, *args)
-        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        tensors = [args[i] for i in positions]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            enter, leave = ops._enter_compiled_call_differentiable, ops._exit_compiled_call_differentiable
-        else:
-            enter, leave = ops._enter_compiled_call, ops._exit_compiled_call
-        if len(positions) == len(args):  # the usual graph: tensors in, a list/tuple of tensors out
-            outputs = _call(compiled, enter(tensors))
-            if type(outputs) in (list, tuple) and all(isinstance(o, torch.Tensor) for o in outputs):
-                return type(outputs)(leave(list(outputs)))
+        tensors = [a for a in args if isinstance(a, tensor_type)]
+        if len(tensors) == len(args):  # the usual graph: tensors in, a list/tuple of tensors out
+            try:
+                outputs = compiled(*enter(tensors))
+            except BaseException as error:
+                _failed(error)
+                raise
+            kind = type(outputs)
+            if (kind is list or kind is tuple) and all(isinstance(o, tensor_type) for o in outputs):
+                return kind(leave(outputs))
             flat, spec = torch.utils._pytree.tree_flatten(outputs)
         else:
+            positions = [i for i, a in enumerate(args) if isinstance(a, tensor_type)]
             flat, spec = _run(compiled, args, positions, enter(tensors))
-        slots = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)]
+        slots = [i for i, o in enumerate(flat) if isinstance(o, tensor_type)]
         return _map_back(flat, slots, leave([flat[i] for i in slots]), spec)
 
     return call
