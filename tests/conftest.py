@@ -15,10 +15,11 @@ import torch._inductor.config
 # is left running alone at the end. The other files follow in pytest's order.
 LONGEST_FILES = (
     "test_seed_examples_compiled.py",
-    "test_distributed.py",
-    "test_clean_exit.py",
-    "test_seed_examples.py",
     "test_compile_cache_processes.py",
+    "test_distributed.py",
+    "test_seed_examples.py",
+    "test_opinfo.py",
+    "test_clean_exit.py",
 )
 
 SHARED_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
