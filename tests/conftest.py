@@ -1,6 +1,6 @@
 """Fixtures shared by several test files (helpers that are not fixtures live in the package
 tests/helpers/: isolated, oracle, sweeps), and how a run is laid out: one compile cache for the
-whole run, and the longest files started first."""
+whole run, one store of built C++ libraries for the whole run, and the longest files started first."""
 import os
 import shutil
 import tempfile
@@ -8,19 +8,26 @@ import tempfile
 import pytest
 import torch
 import torch._dynamo
+import torch._inductor.config
 
 # The files that take longest, longest first. `make test` hands whole files to its workers
 # (pytest-xdist, --dist loadfile) in collection order: these start first, so that no long file
 # is left running alone at the end. The other files follow in pytest's order.
 LONGEST_FILES = (
     "test_seed_examples_compiled.py",
-    "test_distributed.py",
-    "test_clean_exit.py",
-    "test_seed_examples.py",
     "test_compile_cache_processes.py",
+    "test_distributed.py",
+    "test_seed_examples.py",
+    "test_opinfo.py",
+    "test_clean_exit.py",
 )
 
 SHARED_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+# The compiler Inductor is given for the run (tests/helpers/cxx_cache/g++), the real one it runs,
+# and where it keeps what it built. Not TORCH_NEURONX_*/NEURON_* names: some tests start programs
+# without those.
+CXX_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "cxx_cache", "g++")
+REAL_CXX_ENV, CXX_STORE_ENV = "TESTS_REAL_CXX", "TESTS_CXX_CACHE_DIR"
 
 
 def pytest_configure(config):
@@ -33,6 +40,25 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         config.shared_compile_cache = tempfile.mkdtemp(prefix="torch-neuronx-tests-cache-")
         os.environ[SHARED_CACHE_ENV] = config.shared_compile_cache
+        _share_built_libraries(config)
+    if os.environ.get("CXX") == CXX_CACHE:
+        # This process read CXX when it imported torch (above), maybe before it was set.
+        torch._inductor.config.cpp.cxx = (None, CXX_CACHE)
+
+
+def _share_built_libraries(config):
+    """Inductor compiles each graph's kernels, and its ISA probes, into its working cache; tests
+    about compiling give every process a cold one, so the same libraries were built again in each
+    (g++ is most of a small compile). For the run, Inductor's compiler is a wrapper that builds each
+    library once and copies it after (same source bytes, same arguments). Only with g++, the
+    compiler Inductor uses on Linux unless CXX names another."""
+    real = shutil.which(os.environ.get("CXX", "g++"))
+    if real is None or os.environ.get("CXX") == CXX_CACHE or not os.access(CXX_CACHE, os.X_OK) \
+            or "clang" in os.path.basename(real) or "g++" not in os.path.basename(real):
+        return
+    config.cxx_store = tempfile.mkdtemp(prefix="torch-neuronx-tests-cxx-")
+    config.cxx_saved = {name: os.environ.get(name) for name in ("CXX", REAL_CXX_ENV, CXX_STORE_ENV)}
+    os.environ.update({"CXX": CXX_CACHE, REAL_CXX_ENV: real, CXX_STORE_ENV: config.cxx_store})
 
 
 def pytest_unconfigure(config):
@@ -41,6 +67,14 @@ def pytest_unconfigure(config):
         if os.environ.get(SHARED_CACHE_ENV) == directory:
             del os.environ[SHARED_CACHE_ENV]
         shutil.rmtree(directory, ignore_errors=True)
+    store = getattr(config, "cxx_store", None)
+    if store:
+        for name, value in config.cxx_saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
