@@ -19,6 +19,7 @@
 #include <ATen/native/Lerp.h>
 #include <ATen/native/PointwiseOps.h>
 #include <ATen/native/UnaryOps.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sqrt_native.h>
 #include <ATen/TensorIterator.h>
 #include <torch/library.h>
@@ -258,6 +259,47 @@ at::Tensor& lerp_scalar_inplace(at::Tensor& self, const at::Tensor& end, const a
   return self;
 }
 
+// In place with a Python number (the optimizers' foreach loops: weight decay, beta2, eps, bias
+// correction). CPU wraps the number in a 0-dim tensor that its TensorIterator casts to the tensor's
+// dtype; for float32/float64 that cast is made here and CPU's kernel writes into the neuron tensor,
+// the number a CPU scalar operand. Anything else goes to the host fallback, as before.
+bool direct_scalar_operands(const at::Tensor& a, const at::Scalar& s) {
+  return direct_operand(a) && (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble) && !s.isComplex();
+}
+
+at::Tensor cpu_scalar_as(const at::Tensor& a, const at::Scalar& s) {
+  return at::scalar_tensor(s, at::TensorOptions().dtype(a.scalar_type()).device(at::kCPU));
+}
+
+template <class... Args>
+at::Tensor& run_on_host_fallback(const c10::OperatorHandle& op, at::Tensor& self, const Args&... args) {
+  torch::jit::Stack stack;
+  torch::jit::push(stack, self, args...);
+  neuron_fallback(op, &stack);
+  return self;
+}
+
+// PARAMS: the op's arguments after self; ARGS: the same, passed on.
+#define NEURON_SCALAR_INPLACE(OP, NAME, PARAMS, ARGS, CALL)                                            \
+  at::Tensor& OP##_scalar_inplace PARAMS {                                                             \
+    if (direct_scalar_operands(self, other)) {                                                         \
+      CallContext ctx("aten::" NAME ".Scalar");                                                        \
+      const at::Tensor number = cpu_scalar_as(self, other);                                            \
+      CALL;                                                                                            \
+      ctx.observe({&self}, self);                                                                      \
+      return self;                                                                                     \
+    }                                                                                                  \
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::" NAME, "Scalar");    \
+    return run_on_host_fallback ARGS;                                                                  \
+  }
+
+NEURON_SCALAR_INPLACE(add, "add_", (at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha),
+                      (op, self, other, alpha), at::cpu::add_(self, number, alpha))
+NEURON_SCALAR_INPLACE(mul, "mul_", (at::Tensor& self, const at::Scalar& other), (op, self, other),
+                      at::cpu::mul_(self, number))
+NEURON_SCALAR_INPLACE(div, "div_", (at::Tensor& self, const at::Scalar& other), (op, self, other),
+                      at::cpu::div_(self, number))
+
 #define NEURON_POINTWISE_INPLACE(OP)                                                                       \
   at::Tensor& OP##_inplace(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,                  \
                            const at::Scalar& value) {                                                     \
@@ -363,6 +405,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("gelu_", TORCH_FN(gelu_inplace));
   m.impl("silu", TORCH_FN(silu));
   m.impl("silu_", TORCH_FN(silu_inplace));
+  m.impl("add_.Scalar", TORCH_FN(add_scalar_inplace));
+  m.impl("mul_.Scalar", TORCH_FN(mul_scalar_inplace));
+  m.impl("div_.Scalar", TORCH_FN(div_scalar_inplace));
   m.impl("lerp_.Scalar", TORCH_FN(lerp_scalar_inplace));
   m.impl("addcmul_", TORCH_FN(addcmul_inplace));
   m.impl("addcdiv_", TORCH_FN(addcdiv_inplace));

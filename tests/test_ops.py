@@ -173,6 +173,46 @@ def test_optimizer_pointwise_ops_match_cpu(dtype, layout):
     assert_same(list(results[N]), list(results["cpu"]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "0-dim"])
+def test_inplace_ops_with_a_number_match_cpu(dtype, layout):
+    # add_/mul_/div_ with a Python number: the optimizers' weight decay, beta2, eps, bias correction
+    make = {"contiguous": lambda t: t, "transposed": lambda t: t.t(), "strided": lambda t: t[:, ::2],
+            "0-dim": lambda t: t[1, 1]}[layout]
+    calls = [("add_", (0.3,), {}), ("add_", (3,), {"alpha": 2}), ("mul_", (0.999,), {}), ("mul_", (2,), {}),
+             ("div_", (0.7,), {}), ("div_", (4,), {}), ("add_", (1e-8,), {}), ("mul_", (True,), {})]
+    base = (torch.randn(6, 8, generator=torch.Generator().manual_seed(0)) * 10).to(dtype)
+    for name, args, kwargs in calls:
+        outcome = {}
+        for device in ("cpu", N):
+            x = make(base.clone().to(device))
+            version, stride = x._version, x.stride()
+            try:
+                returned = getattr(x, name)(*args, **kwargs)
+            except RuntimeError as error:  # an integer tensor and a float number: both refuse alike
+                outcome[device] = str(error)
+                continue
+            assert returned is x and x.stride() == stride and x._version == version + 1
+            outcome[device] = x
+        if isinstance(outcome["cpu"], str):
+            assert outcome[N] == outcome["cpu"]
+        else:
+            assert_same(outcome[N], outcome["cpu"])
+
+
+def test_inplace_op_with_a_number_keeps_gradients_and_refuses_complex():
+    grads = {}
+    for device in ("cpu", N):
+        leaf = torch.linspace(-1, 1, 6, device=device, requires_grad=True)
+        y = leaf * 1.5
+        y.mul_(0.25).add_(2.0, alpha=0.5).div_(3.0)
+        (y * y).sum().backward()
+        grads[device] = leaf.grad
+    assert_same(grads[N], grads["cpu"])
+    with pytest.raises(RuntimeError, match="ComplexFloat can't be cast"):
+        torch.ones(3, device=N).mul_(1j)
+
+
 def test_sqrt_of_integers_matches_cpu():
     x = torch.arange(12).reshape(3, 4)
     assert_same(x.to(N).sqrt(), x.sqrt())
