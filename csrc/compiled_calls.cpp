@@ -186,8 +186,6 @@ TORCH_LIBRARY_FRAGMENT(neuron, m) {
   m.def("_enter_compiled_call(Tensor[] inputs) -> Tensor[]", &enter);
   m.def("_exit_compiled_call(Tensor[] outputs) -> Tensor[]", &exit);
   m.def("_abort_compiled_call() -> ()", &abort_call);
-  m.def("_enter_compiled_call_differentiable(Tensor[] inputs) -> Tensor[]", &enter_differentiable);
-  m.def("_exit_compiled_call_differentiable(Tensor[] outputs) -> Tensor[]", &exit_differentiable);
   m.def("_enter_compiled_call_any(Tensor[] inputs) -> Tensor[]", &enter_any);
   m.def("_exit_compiled_call_any(Tensor[] outputs) -> Tensor[]", &exit_any);
 }
