@@ -41,14 +41,15 @@ c10::IValue alias_list(CallContext& ctx, const c10::IValue& value) {
   return out;
 }
 
-// A neuron tensor in an index list (`Tensor?[] indices`), e.g. cpu_t[neuron_idx].
-bool has_neuron_index(const c10::Argument& arg, const c10::IValue& value) {
+// A neuron tensor in an index list (`Tensor?[] indices`) that is not on the indexed tensor's device
+// (`indexed`): cpu_t[neuron_idx], or t[idx_on_another_neuron_device]. CPU indices are fine anywhere.
+bool has_index_off_device(const c10::Argument& arg, const c10::IValue& value, const c10::Device& indexed) {
   if (!value.isList() || arg.name() != "indices") return false;
   if (value.toList().elementType()->kind() != c10::TypeKind::OptionalType) return false;
   for (const c10::IValue& element : value.toListRef()) {
     if (!element.isTensor()) continue;
     const auto& index = element.toTensor();
-    if (index.defined() && index.device().type() == kNeuron) return true;
+    if (index.defined() && index.device().type() == kNeuron && index.device() != indexed) return true;
   }
   return false;
 }
@@ -74,15 +75,16 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   ctx.set_overload_name(&schema.overload_name());
 
   bool results_stay_on_cpu = false;  // an explicit device='cpu' argument
-  bool neuron_tensor = false, neuron_index = false;
+  bool index_off_device = false;
+  c10::Device indexed(c10::DeviceType::CPU);  // the first argument's device: `self`, for index lists
   c10::SmallVector<size_t, 2> default_generator_slots;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
     if (v.isTensor()) {
-      neuron_tensor = neuron_tensor || (v.toTensor().defined() && v.toTensor().device().type() == kNeuron);
+      if (i == 0 && v.toTensor().defined()) indexed = v.toTensor().device();  // `self` of index ops
       v = ctx.alias(v.toTensor());
     } else if (v.isList()) {
-      neuron_index = neuron_index || has_neuron_index(arguments[i], v);
+      index_off_device = index_off_device || has_index_off_device(arguments[i], v, indexed);
       v = alias_list(ctx, v);
     } else if (v.isDevice()) {
       const auto device = v.toDevice();
@@ -102,9 +104,9 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (storage.device_type() == kNeuron) v = ctx.alias_storage(storage);
     }
   }
-  // Only the indices are on neuron: PyTorch's message for CUDA indices of a CPU tensor.
-  TORCH_CHECK(neuron_tensor || !neuron_index,
-              "indices should be either on cpu or on the same device as the indexed tensor (cpu)");
+  // PyTorch's message for CUDA indices on another device than the indexed tensor (or a CPU one).
+  TORCH_CHECK(!index_off_device, "indices should be either on cpu or on the same device as the indexed tensor (",
+              indexed.str(), ")");
   ctx.check_devices();
   // No generator given: draw from the neuron device's default generator, not the CPU one.
   for (size_t i : default_generator_slots) {

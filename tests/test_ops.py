@@ -259,6 +259,26 @@ def test_cpu_tensor_with_neuron_indices_gives_pytorch_s_message():
         x.index_put_((idx.cpu(),), torch.ones(2, 3, device=N))
 
 
+def test_indices_on_another_neuron_device_give_pytorch_s_message():
+    """torch's test_advancedindex_mixed_devices_error: a tensor on neuron:0 indexed with a CPU index
+    and an index on neuron:1 (as for CUDA: indices may be on the CPU or on the indexed tensor's device)."""
+    x = torch.randn(3, 4, 4, 4, 3, device="neuron:0")
+    ia, ib = torch.tensor([0, 2, 1]), torch.tensor([0, 2, 1], device="neuron:1")
+    message = r"indices should be either on cpu or on the same device as the indexed tensor \(neuron:0\)"
+    with pytest.raises(RuntimeError, match=message):
+        x[:, ia, None, ib, 0]
+    with pytest.raises(RuntimeError, match=message):
+        x[ib]
+    with pytest.raises(RuntimeError, match=message):
+        x[ib] = 1.0
+    with pytest.raises(RuntimeError, match=message):
+        x.index_put_((ib,), torch.ones(3, 4, 4, 4, 3, device="neuron:0"))
+    with pytest.raises(RuntimeError, match=message):
+        x[torch.ones(3, dtype=torch.bool, device="neuron:1")]
+    # CPU indices, and indices on the tensor's own device, are fine and equal CPU
+    assert_same(x[:, ia, None, ib.to("neuron:0"), 0], x.cpu()[:, ia, None, ib.cpu(), 0])
+
+
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_mode_with_out(keepdim):
     """mode.values has no CPU kernel: its generic kernel refused neuron ("mode only supports CPU,
