@@ -18,7 +18,7 @@ LAYERS = [
     ("torch_neuronx.diagnostics",),
     ("torch_neuronx.neuron_dynamo_backend", "torch_neuronx.compile"),
     ("torch_neuronx.neuron", "torch_neuronx.distributed", "torch_neuronx.collective_checks", "torch_neuronx.threads",
-     "torch_neuronx.dlpack",
+     "torch_neuronx.dlpack", "torch_neuronx.dynamo_rules",
      "torch_neuronx.recurrent", "torch_neuronx.distribution_alias", "torch_neuronx.ecosystem_errors"),
     ("torch_neuronx.runtime",),
     ("torch_neuronx.topology", "torch_neuronx.version"),

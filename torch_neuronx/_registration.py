@@ -2,7 +2,7 @@
 sized to the emulated topology, then each part of the backend installed by the module that owns it."""
 import torch
 
-from torch_neuronx import distributed, distribution_alias, dlpack, neuron, recurrent, threads
+from torch_neuronx import distributed, distribution_alias, dlpack, dynamo_rules, neuron, recurrent, threads
 from torch_neuronx.runtime import BACKEND_NAME, apply_topology, core, warn_once
 
 # TorchNeuron's torch.neuron aliases of the compiler's metrics, imported on first use (the
@@ -71,6 +71,7 @@ def register(on_conflict: str = "raise") -> bool:
     recurrent.register()
     dlpack.install()
     threads.install()
+    dynamo_rules.install()
     distribution_alias.install()
     distributed.register()
     _registered = True
