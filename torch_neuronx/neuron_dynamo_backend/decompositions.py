@@ -8,7 +8,10 @@ Three groups, and attention:
   computes wrong gradients (``leaky_relu_backward``), where Trainium trains them. torch's stock
   decompositions stand in: the same math;
 - attention, which TorchNeuron decomposes itself, traced with SDPA's math backend
-  (:func:`attention_as_math`).
+  (:func:`attention_as_math`);
+- foreach ops (``torch._foreach_add`` and the rest, which optimizers use) as one op per tensor, as
+  TorchNeuron's own eager foreach kernels are written (``python_ops/torch_mlir/ops/foreach_ops.py``);
+  stock torch-mlir legalizes none of them (:func:`foreach_as_loops`).
 
 TorchNeuron's other decompositions (as_strided, topk, linear_backward, convolution_backward, pooling
 backward, ...) are not mirrored: a graph needing them fails here (convolution training does), and
@@ -55,6 +58,61 @@ def attention_as_math():
         yield
 
 
+# Foreach ops whose per-tensor op is not the op of the same name.
+_FOREACH_SINGLE = {"maximum.Scalar": "clamp_min", "maximum.ScalarList": "clamp_min",
+                   "minimum.Scalar": "clamp_max", "minimum.ScalarList": "clamp_max"}
+
+
+def _foreach_loop(overload: torch._ops.OpOverload):
+    """``overload`` (``aten._foreach_X.Y``) as a list of per-tensor ops: list arguments (tensors or
+    numbers) are taken element by element, other arguments as they are."""
+    aten = torch.ops.aten
+    name = overload._schema.name.split("::")[1].removeprefix("_foreach_")
+    key = f"{name}.{overload._overloadname}"
+    listed = {argument.name for argument in overload._schema.arguments if isinstance(argument.type, torch.ListType)}
+    positions = [argument.name for argument in overload._schema.arguments]
+
+    def single(*args, **kwargs):
+        if name in ("addcmul", "addcdiv"):  # value: keyword-only in the single op
+            self, first, second, *value = args
+            value = value[0] if value else kwargs.get("value", 1)
+            if overload._overloadname == "Tensor":  # scalars: a tensor, one element each
+                return self + value * (first * second if name == "addcmul" else first / second)
+            return getattr(aten, name)(self, first, second, value=value)
+        if name == "norm":
+            return aten.linalg_vector_norm(args[0], *args[1:2], dtype=kwargs.get("dtype", None))
+        if name == "powsum":
+            return aten.sum(aten.pow(aten.abs(args[0]), args[1] if len(args) > 1 else 2))
+        return getattr(aten, _FOREACH_SINGLE.get(key, name))(*args, **kwargs)
+
+    def loop(*args, **kwargs):
+        names = positions[:len(args)]
+        count = len(next(v for n, v in [*zip(names, args), *kwargs.items()] if n in listed))
+        results = []
+        for i in range(count):
+            element_args = [v[i] if n in listed else v for n, v in zip(names, args)]
+            if name in ("addcmul", "addcdiv") and overload._overloadname == "Tensor":
+                element_args[3] = element_args[3][i]
+            element_kwargs = {n: v[i] if n in listed else v for n, v in kwargs.items()}
+            results.append(single(*element_args, **element_kwargs))
+        return results
+
+    return loop
+
+
+def foreach_as_loops() -> dict:
+    """Every functional ``aten._foreach_*`` overload, as one op per tensor."""
+    table = {}
+    for schema in torch._C._jit_get_all_schemas():
+        op, overload = schema.name, schema.overload_name
+        if not op.startswith("aten::_foreach_") or op.endswith("_") or overload.endswith("out"):
+            continue
+        packet = getattr(torch.ops.aten, op.split("::")[1])
+        target = getattr(packet, overload or "default")
+        table[target] = _foreach_loop(target)
+    return table
+
+
 @functools.cache
 def decomposition_table() -> dict:
     from torch._decomp import get_decompositions
@@ -64,4 +122,4 @@ def decomposition_table() -> dict:
         base, _, overload = name.partition(".")
         packet = getattr(torch.ops.aten, base)
         ops.append(getattr(packet, overload) if overload else packet)
-    return get_decompositions(ops)
+    return {**foreach_as_loops(), **get_decompositions(ops)}
