@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import torch
 
-from torch_neuronx.neuron_dynamo_backend import artifacts, lowering, xla_executor
+from torch_neuronx.neuron_dynamo_backend import artifacts, lowering, lowering_worker, xla_executor
 from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
+from torch_neuronx.neuron_dynamo_backend import isa_probe
 from torch_neuronx.neuron_dynamo_backend.decompositions import attention_as_math, decomposition_table
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.version import __version__
@@ -85,16 +86,17 @@ def _key(gm: torch.fx.GraphModule, example_inputs) -> str:
                      if not line.strip().startswith("#"))
     constants = [repr(getattr(gm, n.target).tolist()) for n in gm.graph.find_nodes(op="get_attr")
                  if isinstance(getattr(gm, n.target, None), torch.Tensor)]
+    # XLA:CPU compiles for this host's CPU: an executable is only reloaded on the same kind of CPU.
     return neff_cache.cache_key(code, repr(constants), repr(inputs), "xla",
                                 EXECUTOR_FORMAT, torch.__version__, __version__, jax.__version__,
                                 getattr(torch_mlir, "__version__", "torch-mlir"),
-                                ",".join(xla_executor.DISABLED_XLA_PASSES))
+                                ",".join(xla_executor.DISABLED_XLA_PASSES), isa_probe.cpu_description())
 
 
 def _lower(shaped: _Shaped, settings: CompileSettings) -> lowering.LoweredGraph:
     start = time.perf_counter()
     try:
-        lowered = lowering.lower(shaped.gm)
+        lowered = lowering_worker.lower(shaped.gm)
     except lowering.LoweringError as error:
         if settings.on_lowered is not None:
             settings.on_lowered(error, time.perf_counter() - start)
@@ -142,6 +144,13 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
         return program
 
 
+def _outside_dynamo(function: Callable) -> Callable:
+    """``function`` run with Dynamo's frame evaluation off, whatever its caller: a backward graph is
+    compiled and run from inside ``loss.backward()``, which may sit in a compiled function's graph
+    break, where Dynamo would otherwise trace torch-mlir's and jax's Python."""
+    return torch._dynamo.disable(function, reason="torch_neuronx runs its compiled programs outside Dynamo")
+
+
 def _runner(shaped: _Shaped, program: xla_executor.XlaProgram) -> Callable:
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -154,7 +163,7 @@ def _runner(shaped: _Shaped, program: xla_executor.XlaProgram) -> Callable:
         outputs = iter(results[:kept])
         return [None if i in shaped.none_results else next(outputs) for i in range(shaped.results)]
 
-    return make_boxed_func(run)
+    return make_boxed_func(_outside_dynamo(run))
 
 
 def compile_for_xla(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings,
@@ -179,6 +188,7 @@ def compile_for_xla(gm: torch.fx.GraphModule, example_inputs, settings: CompileS
         return _runner(shaped, program)
 
     with attention_as_math():
+        compile_one = _outside_dynamo(compile_one)
         return aot_module_simplified(gm, example_inputs, fw_compiler=compile_one, bw_compiler=compile_one,
                                      decompositions=decomposition_table(), keep_inference_input_mutations=True)
 

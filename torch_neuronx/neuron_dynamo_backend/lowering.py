@@ -39,8 +39,8 @@ class LoweringError(RuntimeError):
     """A graph that does not lower to StableHLO: what a NEFF compile would refuse on Trainium."""
 
     def __init__(self, op: str, stage: str, site: str, detail: str):
-        self.op, self.stage, self.site, self.detail = op, stage, site, detail
-        where = f" at {site}" if site else ""
+        self.op, self.stage, self.site, self.detail = op, stage, site, detail  # site: file:line
+        where = f" at {with_source(site)}" if site else ""
         super().__init__(f"{op}{where} does not lower to StableHLO (stage: {stage}): {detail}")
 
 
@@ -65,7 +65,11 @@ def require_torch_mlir():
 
 def site_of(node: torch.fx.Node | None) -> str:
     """The user's file:line that produced ``node`` (the last frame of its stack trace)."""
-    trace = node.meta.get("stack_trace") if node is not None else None
+    return site_from_trace(node.meta.get("stack_trace") if node is not None else None)
+
+
+def site_from_trace(trace: str | None) -> str:
+    """The file:line of a stack trace's last frame."""
     if not trace:
         return ""
     frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
@@ -167,7 +171,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
         except Exception as error:  # an op or a type the importer does not know
             node = _failing_node(gm, error)
             raise LoweringError(node_op(node) if node is not None else _op_name(str(error)), "import",
-                                with_source(site_of(node)), f"{type(error).__name__}: {error}") from error
+                                site_of(node), f"{type(error).__name__}: {error}") from error
         module = importer.module
         with context, ir.Location.unknown():
             raw = module.operation.get_asm(enable_debug_info=True)
@@ -180,7 +184,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
                 op = _op_name(message)
                 if not op.startswith("aten."):  # e.g. a constant left behind by the op that did not lower
                     op, location = _first_unlowered(module, (op, location))
-                raise LoweringError(op, stage, with_source(_site_of_location(location)),
+                raise LoweringError(op, stage, _site_of_location(location),
                                     message.splitlines()[0]) from None
         stablehlo_passes.run(module, context)
         text = module.operation.get_asm(enable_debug_info=True)
