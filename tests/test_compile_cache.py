@@ -7,6 +7,7 @@ import time
 import warnings
 
 import pytest
+import torch
 
 from torch_neuronx.neuron_dynamo_backend import cache as cc
 from torch_neuronx.runtime.warn import _given as warned
@@ -370,6 +371,7 @@ def test_inductor_cache_dir_is_the_users_only_when_they_chose_it(tmp_path, monke
 
     from torch_neuronx.neuron_dynamo_backend import graph_cache
 
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)  # (a forced one has a directory of its own: below)
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
     ours = str(tmp_path / "neff" / cc.INDUCTOR_SUBDIR)
     for value in (None, default_cache_dir()):
@@ -386,6 +388,28 @@ def test_inductor_cache_dir_is_the_users_only_when_they_chose_it(tmp_path, monke
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", chosen)
     with graph_cache.inductor_settings():
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == chosen
+
+
+def test_a_forced_vector_isa_has_its_own_keys_and_inductor_directory(tmp_path, monkeypatch):
+    """Inductor's own cache keys leave out ATEN_CPU_CAPABILITY: code generated for AVX-512 would be
+    reused under avx2 or default and fail to build (or run instructions the setting forbids). Graph keys
+    include it, and so does the place of Inductor's working cache."""
+    from torch_neuronx.neuron_dynamo_backend import graph_cache
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    keys, directories = [], []
+    for capability in (None, "avx2", "default"):
+        if capability is None:
+            monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+        else:
+            monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        keys.append(graph_cache.graph_key(gm, [torch.ones(2)], {}))
+        with graph_cache.inductor_settings():
+            directories.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = str(tmp_path / "neff" / cc.INDUCTOR_SUBDIR)
+    assert directories == [base, os.path.join(base, "capability-avx2"), os.path.join(base, "capability-default")]
+    assert len(set(keys)) == 3
 
 
 @pytest.fixture
@@ -477,6 +501,6 @@ def test_isa_probe_record_of_another_environment_is_not_trusted(tmp_path, probe_
         monkeypatch.setattr(isa_probe.sys, "executable", "/another/python")
         assert _probe(library) and len(calls) == 2
         monkeypatch.setattr(isa_probe.sys, "executable", real_python)
-        monkeypatch.setattr(isa_probe, "_cpu_description", lambda: "x86_64|another cpu|avx2")
+        monkeypatch.setattr(isa_probe, "cpu_description", lambda: "x86_64|another cpu|avx2")
         assert _probe(library) and len(calls) == 3
         assert len(_records(tmp_path)) == 3

@@ -26,6 +26,7 @@ from torch_neuronx.version import __version__
 # Inductor cache directories this module put in TORCHINDUCTOR_CACHE_DIR (one per NEFF cache directory used).
 _inductor_dirs_set: set[str] = set()
 
+CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
 # Bump when the host code we generate changes for the same graph.
 ARTIFACT_FORMAT = "1"
 
@@ -43,7 +44,21 @@ def graph_key(gm: torch.fx.GraphModule, cpu_inputs, compile_kwargs: dict[str, An
     settings = {k: repr(v) for k, v in sorted(compile_kwargs.items()) if k != "graph_id"}
     return neff_cache.cache_key(gm.print_readable(print_output=False, include_stride=True, include_device=True),
                                 repr(inputs), repr(settings), torch.__version__, __version__,
-                                ARTIFACT_FORMAT, repr(torch._inductor.config.get_hash()))
+                                ARTIFACT_FORMAT, repr(torch._inductor.config.get_hash()), *vector_isa_inputs())
+
+
+def vector_isa_inputs() -> tuple[str, str]:
+    """What decides the vector instructions Inductor's host code uses: the CPU, and
+    ATEN_CPU_CAPABILITY, which forces a lower set. Inductor's own cache keys leave both out, so code
+    generated for AVX-512 would be reused (and fail to build, or fault) under a forced avx2/default."""
+    return os.environ.get(CAPABILITY_ENV, "").strip().lower(), isa_probe.cpu_description()
+
+
+def _working_dir(base: str) -> str:
+    """Inductor's working cache under the NEFF cache: one per forced capability, since Inductor's
+    own cache keys do not tell code generated for one vector ISA from code generated for another."""
+    capability = vector_isa_inputs()[0]
+    return os.path.join(base, f"capability-{capability}") if capability else base
 
 
 def inputs_share_storage(cpu_inputs) -> bool:
@@ -55,13 +70,14 @@ def inputs_share_storage(cpu_inputs) -> bool:
 
 @contextlib.contextmanager
 def inductor_settings(aliased_inputs: bool = False):
-    """Inductor's working cache under the NEFF cache directory (unless the user chose one);
+    """Inductor's working cache under the NEFF cache directory (unless the user chose one; one per
+    forced ATEN_CPU_CAPABILITY);
     its FX graph cache off when the NEFF cache is disabled, so a disabled cache really compiles.
     Inductor's CPU vector-ISA probes answered from the NEFF cache's records (:mod:`.isa_probe`).
     AOTAutograd's cache is skipped for a graph whose inputs share a storage: its key leaves out
     which inputs alias, so it would hand back code compiled for separate inputs."""
     cache = neff_cache.get_cache()
-    inductor_dir = os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)
+    inductor_dir = _working_dir(os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR))
     if cache.enabled and not _user_chose_inductor_cache_dir(inductor_dir):
         try:
             os.makedirs(inductor_dir, exist_ok=True)

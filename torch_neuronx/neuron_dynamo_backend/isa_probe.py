@@ -43,7 +43,7 @@ counters = {"remembered": 0, "probed": 0}
 
 
 @functools.cache
-def _cpu_description() -> str:
+def cpu_description() -> str:
     """The CPU's model name and feature flags, as the kernel reports them."""
     model, flags = "", ""
     with contextlib.suppress(OSError):
@@ -66,7 +66,7 @@ def _environment(probe_env: dict) -> list[str]:
 
     return [torch.__version__, os.path.dirname(torch.__file__), sys.executable, sys.version,
             probe_env.get("LD_LIBRARY_PATH", ""), platform.release(), repr(platform.libc_ver()),
-            _cpu_description()]
+            cpu_description()]
 
 
 def _sha256(path: str) -> str:
