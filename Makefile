@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
 
-.PHONY: all setup demo test bench clean
+.PHONY: all setup demo test test-isa bench clean
 
 all: test
 
@@ -42,6 +42,13 @@ demo: setup
 # cache, stay in one process).
 test: setup
 	$(PY) -m pytest -q -n auto --dist loadfile
+
+# The tests whose results come from Inductor's generated code, again under a forced vector ISA
+# (ATEN_CPU_CAPABILITY=avx2 or default: what CI machines without AVX-512 run): `make test-isa ISA=avx2`.
+ISA ?= avx2
+COMPILED_TESTS := $(wildcard tests/test_compile*.py) tests/test_seed_examples_compiled.py tests/test_training.py
+test-isa: setup
+	ATEN_CPU_CAPABILITY=$(ISA) $(PY) -m pytest -q -n auto --dist loadfile $(COMPILED_TESTS)
 
 # Each script writes its numbers to $(BENCH_OUT); the last line prints every target in one table.
 BENCH_OUT := benchmarks/results

@@ -28,6 +28,7 @@ SHARED_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # without those.
 CXX_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "cxx_cache", "g++")
 REAL_CXX_ENV, CXX_STORE_ENV = "TESTS_REAL_CXX", "TESTS_CXX_CACHE_DIR"
+FX_GRAPH_CACHE_ENV = "TORCHINDUCTOR_FX_GRAPH_CACHE_DEFAULT"  # a default: the backend's config.patch still wins
 
 
 def pytest_configure(config):
@@ -41,6 +42,15 @@ def pytest_configure(config):
         config.shared_compile_cache = tempfile.mkdtemp(prefix="torch-neuronx-tests-cache-")
         os.environ[SHARED_CACHE_ENV] = config.shared_compile_cache
         _share_built_libraries(config)
+        # Inductor's own FX graph cache (in /tmp, shared by every run on the machine) keys its code
+        # without the vector ISA: code generated in a run at the machine's best ISA would be reused
+        # by a run under ATEN_CPU_CAPABILITY=avx2 or =default, and fail to build. So compiles outside
+        # the neuron backend (the oracle, Inductor on CPU) do not cache; the backend keeps its caches,
+        # keyed by the ISA (graph_cache.vector_isa_inputs).
+        config.fx_cache_saved = os.environ.get(FX_GRAPH_CACHE_ENV)
+        os.environ[FX_GRAPH_CACHE_ENV] = "0"
+    if os.environ.get(FX_GRAPH_CACHE_ENV) == "0":
+        torch._inductor.config.fx_graph_cache = False  # this process read the variable before it was set
     if os.environ.get("CXX") == CXX_CACHE:
         # This process read CXX when it imported torch (above), maybe before it was set.
         torch._inductor.config.cpp.cxx = (None, CXX_CACHE)
@@ -62,6 +72,11 @@ def _share_built_libraries(config):
 
 
 def pytest_unconfigure(config):
+    if hasattr(config, "fx_cache_saved"):
+        if config.fx_cache_saved is None:
+            os.environ.pop(FX_GRAPH_CACHE_ENV, None)
+        else:
+            os.environ[FX_GRAPH_CACHE_ENV] = config.fx_cache_saved
     directory = getattr(config, "shared_compile_cache", None)
     if directory:
         if os.environ.get(SHARED_CACHE_ENV) == directory:

@@ -1,13 +1,21 @@
 """torch.compile(backend="neuron"): same results as Inductor on CPU (the same generated code runs
 on the same bytes), TorchNeuron's contract (static shapes, options, fallback), and metrics."""
 import copy
+import json
+import os
+import re
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
 import torch._dynamo
 
+import torch_neuronx
 from torch_neuronx import neuron_dynamo_backend as backend
+
+from helpers import isolated
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
@@ -258,3 +266,32 @@ def test_gradients_through_a_compiled_graph_match_cpu_at_the_edges():
     torch.testing.assert_close(scale.grad, scale_cpu.grad, rtol=0, atol=0)
     for got, want in zip((h, plain, index), expected):
         torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=0, atol=0)
+
+
+PROGRAM_CALLING_THE_BACKEND = os.path.join(os.path.dirname(__file__), "programs", "compiled_calls_into_the_backend.py")
+
+
+@pytest.mark.parametrize("executor", ["inductor", "xla"])
+def test_dynamo_never_traces_the_backends_own_python(executor, tmp_path):
+    """Compiled functions that call backward, an optimizer step, a collective, torch.neuron's queries
+    and the diagnostics: Dynamo traces the user's frames and torch's, never one of torch_neuronx's
+    (torch_neuronx/dynamo_rules.py); the train step equals CPU eager over 3 steps within float32
+    rounding (Inductor and XLA order a matmul's sums otherwise than eager)."""
+    proc = subprocess.run([sys.executable, PROGRAM_CALLING_THE_BACKEND, str(tmp_path / "rendezvous")],
+                          env=isolated.environment(TORCH_LOGS="dynamo", TORCH_NEURONX_COMPILE_EXECUTOR=executor,
+                                                   TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff")),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traced = re.findall(r"torchdynamo start tracing (\S+) (\S+):\d+", proc.stderr)
+    assert any(path == PROGRAM_CALLING_THE_BACKEND for _, path in traced), traced  # the log is read right
+    package = os.path.dirname(torch_neuronx.__file__)
+    assert not [(name, path) for name, path in traced if path.startswith(package)]
+    results = json.loads(proc.stdout.split("RESULTS ", 1)[1])
+    torch.testing.assert_close(results["compiled"], results["eager"], rtol=1e-5, atol=1e-6)
+    assert results["params_difference"] < 1e-5
+    capacity = torch.neuron.get_device_properties(0).total_memory / 2 ** 40
+    scale = torch.neuron.device_count() + 0 + 1
+    assert results["queries"] == [i * scale + capacity for i in range(4)]  # folded to constants, fullgraph
+    assert results["memory"][0] == [1.0, 2.0, 3.0, 4.0] and results["memory"][1] > 0
+    assert results["observed"] == [0.0, 2.0, 4.0, 6.0]
+    assert results["collective"] == [1.0, 3.0, 5.0, 7.0]  # one rank: all_reduce keeps the values

@@ -1,7 +1,8 @@
 """Faithful compiled mode: TorchNeuron's front end (FX -> torch-mlir -> StableHLO) and the ``xla``
 executor (XLA:CPU), its errors, artifacts, cache, TorchNeuron's device rules for compiled graphs
 and the readiness report's StableHLO lowering. CPU eager is the oracle; the ``xla`` executor is
-compared within float32 tolerances (see ``FLOAT32``), the default ``inductor`` one exactly."""
+compared within float32 tolerances (see ``FLOAT32``); the default ``inductor`` one is compared with the
+same function compiled by Inductor on CPU, exactly."""
 import copy
 import inspect
 import os
@@ -18,7 +19,7 @@ from torch_neuronx import neuron_dynamo_backend as backend
 from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError, lowering, xla_executor
 
 from helpers import isolated
-from helpers.oracle import assert_same
+from helpers.oracle import assert_same, inductor_on_cpu
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 
@@ -129,7 +130,7 @@ def test_transformer_encoder_layer_fast_path_does_not_lower(monkeypatch):
     does too, naming the op and the stage; the default executor runs it like CPU."""
     layer, x = encoder_layer(), torch.randn(2, 5, 32)
     with torch.no_grad():
-        expected = layer(x)
+        expected = inductor_on_cpu(copy.deepcopy(layer))(x)
         with pytest.raises(Exception) as raised:
             compile_xla(copy.deepcopy(layer).to(N), "option", monkeypatch)(x.to(N))
         torch._dynamo.reset()
@@ -254,7 +255,8 @@ def small_model_run(monkeypatch, executor=None):
         options["executor"] = executor
     with torch.no_grad():
         out = torch.compile(copy.deepcopy(model).to(N), backend="neuron", options=options)(x.to(N))
-        expected = model(x)
+        # the xla executor is compared with eager (within FLOAT32), the inductor one with Inductor on CPU
+        expected = model(x) if executor == "xla" else inductor_on_cpu(model)(x)
     return out, expected
 
 
@@ -367,7 +369,7 @@ def cpu_model_and_input():
 def test_cpu_model_returns_neuron_tensors_equal_to_cpu_by_default():
     model, x = cpu_model_and_input()
     with torch.no_grad():
-        expected = model(x)
+        expected = inductor_on_cpu(copy.deepcopy(model))(x)
         out = torch.compile(model, backend="neuron")(x)
     assert_same(out, expected)
 
@@ -376,7 +378,7 @@ def test_retain_device_mode_returns_cpu_outputs(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_RETAIN_DEVICE_MODE", "1")
     model, x = cpu_model_and_input()
     with torch.no_grad():
-        expected = model(x)
+        expected = inductor_on_cpu(copy.deepcopy(model))(x)
         out = torch.compile(model, backend="neuron")(x)
     assert out.device.type == "cpu"
     assert torch.equal(out, expected)
@@ -390,7 +392,7 @@ def test_disable_cpu_autocopy_refuses_cpu_inputs(monkeypatch):
         torch.compile(model, backend="neuron")(x)
     torch._dynamo.reset()
     with torch.no_grad():  # neuron inputs are fine
-        assert_same(torch.compile(copy.deepcopy(model).to(N), backend="neuron")(x.to(N)), model(x))
+        assert_same(torch.compile(copy.deepcopy(model).to(N), backend="neuron")(x.to(N)), inductor_on_cpu(model)(x))
 
 
 # ---- lowering as a readiness check --------------------------------------------------------------
@@ -398,11 +400,12 @@ def test_disable_cpu_autocopy_refuses_cpu_inputs(monkeypatch):
 def test_readiness_report_lowers_graphs_under_the_default_executor(collect):
     site, spectrum = rfft_site_and_function()
     x = torch.randn(8)
-    assert_same(torch.compile(spectrum, backend="neuron")(x.to(N)), spectrum(x))
+    assert_same(torch.compile(spectrum, backend="neuron")(x.to(N)), inductor_on_cpu(spectrum)(x))
     torch.manual_seed(0)
     linear = torch.nn.Linear(4, 3)
     with torch.no_grad():
-        assert_same(torch.compile(copy.deepcopy(linear).to(N), backend="neuron")(x[:4].to(N)), linear(x[:4]))
+        assert_same(torch.compile(copy.deepcopy(linear).to(N), backend="neuron")(x[:4].to(N)),
+                    inductor_on_cpu(linear)(x[:4]))
     assert_compiled()
 
     report = collect()
@@ -488,3 +491,62 @@ def test_common_training_graphs_lower_and_match_cpu(loss, monkeypatch):
     got.backward()
     assert_same(got.detach(), expected.detach(), **FLOAT32)
     assert_same(w.grad, weight.grad, **FLOAT32_GRADS)
+
+
+# ---- a compiler crash never ends the program ----------------------------------------------------
+COMPLEX_CAST = """
+    import torch
+    t = torch.randn(4, device="neuron")
+    out = torch.compile(lambda t: t.cfloat() * 2, backend="neuron")(t)  # torch-mlir aborts on this graph
+    print("OUT", out.cpu().tolist())
+"""
+COMPLEX_CAST_LINE = 4  # the line of the compile, in the program above as run by `python -c`
+
+
+def test_a_compiler_crash_is_a_finding_while_the_report_observes(tmp_path):
+    """torch-mlir aborts the process (LLVM ERROR) lowering a cast to complex; readiness lowers every
+    graph, in its worker process: the program runs on and the report names the op and the line."""
+    proc = isolated.run(COMPLEX_CAST, TORCH_NEURONX_REPORT="1", TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OUT [(" in proc.stdout and "LLVM ERROR" not in proc.stdout
+    rows = proc.stderr.split("[stablehlo-lowering]")
+    assert len(rows) == 2, proc.stderr[-3000:]
+    row = rows[1].split("Fix:")[0]
+    assert "aten._to_copy" in row and "stage crash: the compiler crashed (killed by SIGABRT)" in row, row
+    assert f"<string>:{COMPLEX_CAST_LINE}" in rows[0].splitlines()[-1], rows[0][-500:]
+
+
+@pytest.mark.parametrize("fallback", ["1", "0"])
+def test_a_compiler_crash_under_xla_is_a_compilation_error(fallback, tmp_path):
+    proc = isolated.run(COMPLEX_CAST, TORCH_NEURONX_COMPILE_EXECUTOR="xla",
+                        TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=fallback,
+                        TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"))
+    if fallback == "0":  # warned, and run eagerly
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "OUT [(" in proc.stdout and "running it eagerly" in proc.stderr
+        return
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])  # an exception, not a signal
+    message = next(line for line in proc.stderr.splitlines() if line.startswith("NEFFCompilationError"))
+    assert "NEFFCompilationError" in message and "aten._to_copy" in message, message
+    assert "stage: crash" in message and "the compiler crashed (killed by SIGABRT)" in message, message
+
+
+def test_lowering_in_the_worker_gives_what_lowering_here_gives():
+    """The graph crosses to the worker as a description: the StableHLO that comes back is the one
+    this process makes, locations (the user's lines, module paths) included."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from torch_neuronx.neuron_dynamo_backend import lowering_worker
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(MyNet(), backend=aot_autograd(fw_compiler=keep))(torch.randn(2, 4))
+    (graph,) = graphs
+    here, there = lowering.lower(graph), lowering_worker.lower(graph)
+    assert there.stablehlo == here.stablehlo and there.op_counts == here.op_counts
+    assert there.input_dtypes == here.input_dtypes and "stablehlo.dot_general" in there.stablehlo

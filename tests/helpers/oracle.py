@@ -28,3 +28,11 @@ def assert_same(neuron_value, cpu_value, exact=True, **tolerances):
     if exact and not tolerances:
         tolerances = {"rtol": 0, "atol": 0}
     torch.testing.assert_close(neuron_value.cpu(), cpu_value, equal_nan=True, **tolerances)
+
+
+def inductor_on_cpu(fn, **compile_kwargs):
+    """``fn`` compiled by Inductor for CPU: the oracle of a graph compiled with backend="neuron",
+    which runs the same generated code on the same bytes (equal bit for bit). CPU eager is not: on
+    some machines Inductor's code for a Linear differs from eager in the last bits, and by how much
+    depends on the vector ISA (ATEN_CPU_CAPABILITY)."""
+    return torch.compile(fn, backend="inductor", **compile_kwargs)
