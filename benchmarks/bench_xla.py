@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.nn.functional as F  # noqa: E402
 
-from torch_neuronx.neuron_dynamo_backend import lowering  # noqa: E402
+from torch_neuronx.neuron_dynamo_backend.faithful import lowering  # noqa: E402
 
 EXECUTORS = ("inductor", "xla")
 VARIANTS = ("cpu_eager", "inductor", "xla")

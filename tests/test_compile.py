@@ -209,12 +209,12 @@ def test_repeated_blocks_compile_once_per_class():
 
 
 def test_runtime_failure_is_a_neff_execution_error():
-    from torch_neuronx.neuron_dynamo_backend import executor
+    from torch_neuronx.neuron_dynamo_backend import bridge
 
     def broken(*args):
         raise ValueError("simulated kernel failure")
 
-    run = executor.run_graph_on_neuron(broken)  # the wrapper every compiled graph gets
+    run = bridge.run_graph_on_neuron(broken)  # the wrapper every compiled graph gets
     x = torch.randn(2, 4, device="neuron")
     with pytest.raises(backend.NEFFExecutionError, match="simulated kernel failure") as info:
         run(x)
@@ -225,13 +225,13 @@ def test_runtime_failure_is_a_neff_execution_error():
 
 def test_gradients_of_an_input_passed_twice_to_a_compiled_graph_match_cpu():
     # One alias serves both slots: each slot must still get its gradient edge.
-    from torch_neuronx.neuron_dynamo_backend import executor
+    from torch_neuronx.neuron_dynamo_backend import bridge
 
     w0 = torch.randn(3, 3)
     w_cpu = w0.clone().requires_grad_()
     (w_cpu * w_cpu.t()).sum().backward()
     w = w0.to("neuron").requires_grad_()
-    (out,) = executor.run_graph_on_neuron(lambda a, b: [(a * b.t()).sum()])(w, w)
+    (out,) = bridge.run_graph_on_neuron(lambda a, b: [(a * b.t()).sum()])(w, w)
     out.backward()
     torch.testing.assert_close(w.grad.cpu(), w_cpu.grad, rtol=0, atol=0)
 
@@ -239,7 +239,7 @@ def test_gradients_of_an_input_passed_twice_to_a_compiled_graph_match_cpu():
 def test_gradients_through_a_compiled_graph_match_cpu_at_the_edges():
     # The wrapper every compiled graph gets, around a CPU function with the awkward outputs: an
     # input returned as is, an output without a gradient, an integer output; and a CPU input.
-    from torch_neuronx.neuron_dynamo_backend import executor
+    from torch_neuronx.neuron_dynamo_backend import bridge
 
     def graph(w, x, scale):
         h = x @ w * scale
@@ -256,7 +256,7 @@ def test_gradients_through_a_compiled_graph_match_cpu_at_the_edges():
     expected = cpu_run(w_cpu, x0, scale_cpu)
 
     w, scale = w0.to("neuron").requires_grad_(), torch.tensor(2.0, requires_grad=True)  # scale stays on CPU
-    h, w_out, plain, index = executor.run_graph_on_neuron(graph)(w, x0.to("neuron"), scale)
+    h, w_out, plain, index = bridge.run_graph_on_neuron(graph)(w, x0.to("neuron"), scale)
     ((h ** 2).sum() + (w_out * 3).sum()).backward()
 
     assert w.is_leaf and w.grad_fn is None and w_out is not w  # the returned input got its own tensor
@@ -275,7 +275,7 @@ PROGRAM_CALLING_THE_BACKEND = os.path.join(os.path.dirname(__file__), "programs"
 def test_dynamo_never_traces_the_backends_own_python(executor, tmp_path):
     """Compiled functions that call backward, an optimizer step, a collective, torch.neuron's queries
     and the diagnostics: Dynamo traces the user's frames and torch's, never one of torch_neuronx's
-    (torch_neuronx/dynamo_rules.py); the train step equals CPU eager over 3 steps within float32
+    (torch_neuronx/interop/dynamo_rules.py); the train step equals CPU eager over 3 steps within float32
     rounding (Inductor and XLA order a matmul's sums otherwise than eager)."""
     proc = subprocess.run([sys.executable, PROGRAM_CALLING_THE_BACKEND, str(tmp_path / "rendezvous")],
                           env=isolated.environment(TORCH_LOGS="dynamo", TORCH_NEURONX_COMPILE_EXECUTOR=executor,

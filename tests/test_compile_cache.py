@@ -1,4 +1,4 @@
-"""The persistent compile-artifact cache (torch_neuronx.neuron_dynamo_backend.cache), AWS's NEFF cache contract."""
+"""The persistent compile-artifact cache (torch_neuronx.neuron_dynamo_backend.caching.neff_cache), AWS's NEFF cache contract."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from torch_neuronx.neuron_dynamo_backend import cache as cc
+from torch_neuronx import neuron_cache
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache as cc
 from torch_neuronx.runtime.warn import _given as warned
 
 ENV_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_DISABLE_CACHE", "NEURON_COMPILATION_CACHE_MAX_SIZE_MB",
@@ -134,7 +135,7 @@ def test_corrupt_entry_is_a_miss_warned_once_removed_and_recompiled(tmp_path, ho
 
 _WORKER = """
 import os, sys, time
-from torch_neuronx.neuron_dynamo_backend import cache as cc
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache as cc
 from torch_neuronx.runtime.warn import _given as warned
 key, payload, locked = {key!r}, {payload_expr}, {locked!r}
 cache = cc.NeffCache()
@@ -309,31 +310,30 @@ def test_cli_list_size_clear(tmp_path, monkeypatch, capsys):
         c.put(k, b"p" * (100 * (i + 1)))
     total = 3 * 48 + 600
 
-    assert cc.main(["--dir", str(d), "list"]) == 0
+    assert neuron_cache.main(["--dir", str(d), "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[:3]] == keys and len(lines) == 4
     assert lines[0].split()[1] == "148" and "T" in lines[0].split()[2]
     assert lines[3] == f"total {total} bytes (744 B) in 3 entries, {d}"
 
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(d))  # the default directory comes from the env
-    assert cc.main(["size"]) == 0
+    assert neuron_cache.main(["size"]) == 0
     assert capsys.readouterr().out == f"total {total} bytes (744 B) in 3 entries, {d}\n"
 
-    assert cc.main(["clear", "--dir", str(d)]) == 0
+    assert neuron_cache.main(["clear", "--dir", str(d)]) == 0
     assert capsys.readouterr().out == f"removed 3 entries from {d}\n"
     assert os.listdir(d) == []  # empty shard directories went too
-    assert cc.main(["list"]) == 0
+    assert neuron_cache.main(["list"]) == 0
     assert capsys.readouterr().out == f"total 0 bytes (0 B) in 0 entries, {d}\n"
 
     for bad in ([], ["bogus"], ["list", "--dir"], ["--nope", "size"]):
-        assert cc.main(bad) == 2, bad
+        assert neuron_cache.main(bad) == 2, bad
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, (bad, err)
 
 
-# The module's name, and its old name (torch_neuronx.compile.cache), which users may have in scripts.
-@pytest.mark.parametrize("module", ["torch_neuronx.neuron_dynamo_backend.cache", "torch_neuronx.compile.cache"])
-def test_cli_as_module(tmp_path, module):
+def test_cli_as_module(tmp_path):
+    module = "torch_neuronx.neuron_cache"
     d = tmp_path / "m"
     cc.NeffCache(str(d)).put(cc.cache_key("x"), b"y" * 2000)
     r = subprocess.run([sys.executable, "-m", module, "size", "--dir", str(d)],
@@ -347,7 +347,7 @@ def test_a_bad_disable_variable_is_an_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "maybe")
     with pytest.raises(ValueError, match="TORCH_NEURONX_NEFF_DISABLE_CACHE='maybe' is not a boolean: use 1, true"):
         cc.NeffCache(str(tmp_path))
-    r = subprocess.run([sys.executable, "-m", "torch_neuronx.neuron_dynamo_backend.cache", "size", "--dir",
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx.neuron_cache", "size", "--dir",
                         str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "TORCH_NEURONX_NEFF_DISABLE_CACHE='maybe' is not a boolean" in r.stderr, r.stderr
 
@@ -357,9 +357,9 @@ def test_clear_also_removes_inductors_working_cache(tmp_path, capsys):
     cc.NeffCache(str(d)).put(cc.cache_key("k"), b"v" * 10)
     (d / cc.INDUCTOR_SUBDIR / "ab").mkdir(parents=True)
     (d / cc.INDUCTOR_SUBDIR / "ab" / "kernel.so").write_bytes(b"\0" * 300)
-    assert cc.main(["size", "--dir", str(d)]) == 0
+    assert neuron_cache.main(["size", "--dir", str(d)]) == 0
     assert "plus 300 bytes" in capsys.readouterr().out
-    assert cc.main(["clear", "--dir", str(d)]) == 0
+    assert neuron_cache.main(["clear", "--dir", str(d)]) == 0
     assert not (d / cc.INDUCTOR_SUBDIR).exists() and cc.NeffCache(str(d)).entries() == []
 
 
@@ -369,7 +369,7 @@ def test_inductor_cache_dir_is_the_users_only_when_they_chose_it(tmp_path, monke
     the NEFF entries; any other value is the user's and is kept."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from torch_neuronx.neuron_dynamo_backend import graph_cache
+    from torch_neuronx.neuron_dynamo_backend.caching import graph_cache
 
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)  # (a forced one has a directory of its own: below)
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
@@ -394,7 +394,7 @@ def test_a_forced_vector_isa_has_its_own_keys_and_inductor_directory(tmp_path, m
     """Inductor's own cache keys leave out ATEN_CPU_CAPABILITY: code generated for AVX-512 would be
     reused under avx2 or default and fail to build (or run instructions the setting forbids). Graph keys
     include it, and so does the place of Inductor's working cache."""
-    from torch_neuronx.neuron_dynamo_backend import graph_cache
+    from torch_neuronx.neuron_dynamo_backend.caching import graph_cache
 
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
     gm = torch.fx.symbolic_trace(lambda x: x * 2)
@@ -416,7 +416,7 @@ def test_a_forced_vector_isa_has_its_own_keys_and_inductor_directory(tmp_path, m
 def probe_library(tmp_path, monkeypatch):
     """A stand-in for one of Inductor's ISA probe libraries, and a fake dlopen probe counting its calls
     (its answer set by the test)."""
-    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
 
     assert isa_probe._install()
     calls, answer = [], {"loads": True}
@@ -443,7 +443,7 @@ def _records(tmp_path):
 
 
 def test_isa_probe_answered_from_a_record_only_inside_the_backends_context(tmp_path, probe_library):
-    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
 
     library, calls, _ = probe_library
     assert _probe(library) and len(calls) == 1 and _records(tmp_path) == []  # outside: Inductor's probe, no record
@@ -460,7 +460,7 @@ def test_isa_probe_answered_from_a_record_only_inside_the_backends_context(tmp_p
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "appended"])
 def test_isa_probe_record_that_does_not_read_back_is_ignored_and_rewritten(tmp_path, probe_library, damage):
-    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
 
     library, calls, _ = probe_library
     with isa_probe.remembered_probes():
@@ -478,7 +478,7 @@ def test_isa_probe_record_that_does_not_read_back_is_ignored_and_rewritten(tmp_p
 
 def test_isa_probe_failures_are_not_recorded_and_a_disabled_cache_keeps_no_records(tmp_path, probe_library,
                                                                                     monkeypatch):
-    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
 
     library, calls, answer = probe_library
     answer["loads"] = False
@@ -492,7 +492,7 @@ def test_isa_probe_failures_are_not_recorded_and_a_disabled_cache_keeps_no_recor
 
 
 def test_isa_probe_record_of_another_environment_is_not_trusted(tmp_path, probe_library, monkeypatch):
-    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
 
     library, calls, _ = probe_library
     with isa_probe.remembered_probes():

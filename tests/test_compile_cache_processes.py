@@ -14,7 +14,7 @@ SCRIPT = """
     import json, torch
     from torch._dynamo.utils import counters
     from torch_neuronx import neuron_dynamo_backend as backend
-    from torch_neuronx.neuron_dynamo_backend import cache
+    from torch_neuronx.neuron_dynamo_backend.caching import neff_cache as cache
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to("neuron")
     compiled = torch.compile(model, backend="neuron", fullgraph=True, dynamic=False)
@@ -105,7 +105,7 @@ import functools, json, sys, torch
 from torch._dynamo.package import CompilePackage
 from torch._dynamo.utils import counters
 from torch_neuronx import neuron_dynamo_backend as backend
-from torch_neuronx.neuron_dynamo_backend import precompile
+from torch_neuronx.neuron_dynamo_backend.caching import precompile
 
 class Scaled(torch.nn.Module):
     def __init__(self):
@@ -246,7 +246,7 @@ ISA_SCRIPT = """
     import json, subprocess, torch
     from torch._dynamo.utils import counters
     from torch._inductor import cpu_vec_isa
-    from torch_neuronx.neuron_dynamo_backend import isa_probe
+    from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
     probes, real_run = [], subprocess.run
     def counting_run(cmd, *args, **kwargs):
         if isinstance(cmd, list) and "-c" in cmd and "LoadLibrary" in cmd[-1]:

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 import torch_neuronx
 from torch_neuronx import diagnostics
 from torch_neuronx import neuron_dynamo_backend as backend
-from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError, lowering, xla_executor
+from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError
+from torch_neuronx.neuron_dynamo_backend.faithful import lowering
+from torch_neuronx.neuron_dynamo_backend.faithful import xla_program
 
 from helpers import isolated
 from helpers.oracle import assert_same, inductor_on_cpu
@@ -47,13 +49,13 @@ def here(offset: int = 0) -> str:
 def xla_compiles(monkeypatch):
     """Counts XLA compilations: proof that a graph really ran through the xla executor."""
     calls = []
-    real = xla_executor.compile_program
+    real = xla_program.compile_program
 
     def counted(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(xla_executor, "compile_program", counted)
+    monkeypatch.setattr(xla_program, "compile_program", counted)
     return calls
 
 
@@ -534,19 +536,33 @@ def test_a_compiler_crash_under_xla_is_a_compilation_error(fallback, tmp_path):
 def test_lowering_in_the_worker_gives_what_lowering_here_gives():
     """The graph crosses to the worker as a description: the StableHLO that comes back is the one
     this process makes, locations (the user's lines, module paths) included."""
-    from torch._dynamo.backends.common import aot_autograd
+    from torch_neuronx.neuron_dynamo_backend.faithful import lowering_worker
 
-    from torch_neuronx.neuron_dynamo_backend import lowering_worker
-
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    with torch.no_grad():
-        torch.compile(MyNet(), backend=aot_autograd(fw_compiler=keep))(torch.randn(2, 4))
-    (graph,) = graphs
+    graph = _aten_graph(MyNet())
     here, there = lowering.lower(graph), lowering_worker.lower(graph)
     assert there.stablehlo == here.stablehlo and there.op_counts == here.op_counts
     assert there.input_dtypes == here.input_dtypes and "stablehlo.dot_general" in there.stablehlo
+
+
+def test_a_worker_that_cannot_start_is_an_error_not_a_compiler_crash(monkeypatch):
+    """A worker that exits on its own (an import failing in it) says so, with what it printed; only a
+    worker killed by a signal is "the compiler crashed"."""
+    from torch_neuronx.neuron_dynamo_backend.faithful import lowering_worker
+
+    lowering_worker.shutdown()
+    monkeypatch.setattr(lowering_worker.sys, "executable", "/bin/false")
+    graph = _aten_graph(MyNet())
+    with pytest.raises(RuntimeError, match="the lowering worker process exited with status 1") as raised:
+        lowering_worker.lower(graph)
+    assert not isinstance(raised.value, lowering.LoweringError)
+    lowering_worker.shutdown()
+
+
+def _aten_graph(module):
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+    with torch.no_grad():
+        torch.compile(module, backend=aot_autograd(fw_compiler=lambda gm, _: graphs.append(gm) or gm.forward))(
+            torch.randn(2, 4))
+    return graphs[0]

@@ -290,7 +290,7 @@ def test_inductor_on_neuron(collect):
 
 
 def test_inductor_on_neuron_error_without_diagnostics():
-    from torch_neuronx.ecosystem_errors import InductorOnNeuronError
+    from torch_neuronx.interop.ecosystem_errors import InductorOnNeuronError
 
     assert diagnostics.observer.active() is None
     torch._dynamo.reset()

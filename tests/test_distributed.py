@@ -202,7 +202,7 @@ def test_the_checked_group_runs_every_method_torchs_trampoline_covers_on_its_sto
     import re
 
     import torch
-    from torch_neuronx.collective_checks import CheckedProcessGroup
+    from torch_neuronx.distributed.collective_checks import CheckedProcessGroup
 
     header = os.path.join(os.path.dirname(torch.__file__), "include", "torch", "csrc", "distributed", "c10d",
                           "PyProcessGroup.hpp")

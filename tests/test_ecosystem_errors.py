@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._dynamo.exc import BackendCompilerFailed
 
-from torch_neuronx.ecosystem_errors import InductorOnNeuronError
+from torch_neuronx.interop.ecosystem_errors import InductorOnNeuronError
 
 N = "neuron"
 

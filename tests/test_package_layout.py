@@ -12,19 +12,22 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "torch_neuronx"
 
-# Each layer may import from itself and from the layers after it in this list, never before it.
+# The layers, top to bottom, each the folders (or root modules) under torch_neuronx/ that hold it. A
+# module imports only from its own layer and the layers below it.
 LAYERS = [
-    ("torch_neuronx._registration", "torch_neuronx.run", "torch_neuronx.demo", "torch_neuronx.neuron_ls"),
-    ("torch_neuronx.diagnostics",),
-    ("torch_neuronx.neuron_dynamo_backend", "torch_neuronx.compile"),
-    ("torch_neuronx.neuron", "torch_neuronx.distributed", "torch_neuronx.collective_checks", "torch_neuronx.threads",
-     "torch_neuronx.dlpack", "torch_neuronx.dynamo_rules",
-     "torch_neuronx.recurrent", "torch_neuronx.distribution_alias", "torch_neuronx.ecosystem_errors"),
-    ("torch_neuronx.runtime",),
-    ("torch_neuronx.topology", "torch_neuronx.version"),
+    ("run", "neuron_ls", "neuron_cache", "demo"),  # tools
+    ("_registration",),  # registration: the ordered list of installs
+    ("diagnostics",),  # readiness: observer, findings, estimate, report
+    ("neuron_dynamo_backend",),  # the compiler
+    ("distributed", "interop"),  # where torch.distributed and other libraries meet the device
+    ("neuron", "python_ops"),  # the device: torch.neuron and the aten kernels written in Python
+    ("runtime", "version"),  # the core, the emulated hardware, shared helpers
 ]
-# Modules of one layer that must not import each other (siblings, each reaching the runtime instead).
-SIBLINGS = ("torch_neuronx.neuron", "torch_neuronx.distributed", "torch_neuronx.neuron_dynamo_backend")
+# Folders of one layer that must not import each other (siblings, each reaching lower layers instead).
+SIBLINGS = (("distributed", "interop"), ("neuron", "python_ops"))
+# Modules at the root besides the folders: the package's entry, registration, version and the tools.
+ROOT_MODULES = {"__init__", "_registration", "version", "run", "neuron_ls"}
+MAX_OTHER_ROOT_MODULES = 2
 
 
 def _modules() -> dict[str, str]:
@@ -75,11 +78,16 @@ def _owner(module: str, groups) -> str | None:
     return next((g for g in groups if module == g or module.startswith(g + ".")), None)
 
 
+GROUPS = {f"{PACKAGE}.{name}": rank for rank, layer in enumerate(LAYERS) for name in layer}
+SIBLING_OF = {f"{PACKAGE}.{a}": f"{PACKAGE}.{b}" for pair in SIBLINGS for a, b in (pair, pair[::-1])}
+
+
 def test_the_import_graph_is_read():
     # The checks below must see real edges: a parser that found none would pass them all.
     assert "torch_neuronx.runtime.core" in GRAPH["torch_neuronx._registration"] or \
         "torch_neuronx.runtime" in GRAPH["torch_neuronx._registration"]
-    assert "torch_neuronx.neuron_dynamo_backend.cache" in GRAPH["torch_neuronx.neuron_dynamo_backend.graph_cache"]
+    assert "torch_neuronx.neuron_dynamo_backend.caching.neff_cache" in \
+        GRAPH["torch_neuronx.neuron_dynamo_backend.caching.graph_cache"]
     assert len(MODULES) > 40
 
 
@@ -105,25 +113,31 @@ def test_no_import_cycles():
 
 
 def test_layers_import_only_downward():
-    groups = [g for layer in LAYERS for g in layer]
-    rank = {g: i for i, layer in enumerate(LAYERS) for g in layer}
     upward = []
     for module, targets in GRAPH.items():
-        source = _owner(module, groups)
+        source = _owner(module, GROUPS)
         if source is None:
             continue  # the package's __init__: the top, which may import anything
         for target in targets:
-            owner = _owner(target, groups)
-            if owner is not None and rank[owner] < rank[source]:
+            owner = _owner(target, GROUPS)
+            if owner is not None and GROUPS[owner] < GROUPS[source]:
                 upward.append(f"{module} -> {target}")
-            elif owner != source and owner in SIBLINGS and source in SIBLINGS:
+            elif owner is not None and SIBLING_OF.get(source) == owner:
                 upward.append(f"{module} -> {target} (siblings)")
     assert not upward, "imports against the layers: " + ", ".join(sorted(upward))
 
 
 def test_every_module_has_a_layer():
-    groups = [g for layer in LAYERS for g in layer]
-    assert not [m for m in MODULES if m != PACKAGE and _owner(m, groups) is None]
+    assert not [m for m in MODULES if m != PACKAGE and _owner(m, GROUPS) is None]
+    listed = {name for layer in LAYERS for name in layer}
+    on_disk = {name.removesuffix(".py") for name in os.listdir(os.path.join(ROOT, PACKAGE))
+               if name.endswith(".py") or os.path.isfile(os.path.join(ROOT, PACKAGE, name, "__init__.py"))}
+    assert on_disk - {"__init__"} == listed, "folders and root modules must match LAYERS"
+
+
+def test_few_modules_are_loose_at_the_root():
+    loose = {name.removesuffix(".py") for name in os.listdir(os.path.join(ROOT, PACKAGE)) if name.endswith(".py")}
+    assert len(loose - ROOT_MODULES) <= MAX_OTHER_ROOT_MODULES, sorted(loose - ROOT_MODULES)
 
 
 def test_the_compiler_does_not_import_the_diagnostics():
@@ -141,8 +155,10 @@ def test_public_names_of_the_compiler_still_import():
     assert issubclass(backend.NEFFExecutionError, RuntimeError)
     (entry,) = importlib.metadata.entry_points(group="torch_dynamo_backends", name="neuron")
     assert entry.load() is backend.neuron_backend
-    old = importlib.import_module("torch_neuronx.compile.cache")
-    assert old is importlib.import_module("torch_neuronx.neuron_dynamo_backend.cache")
+    with pytest.raises(ImportError):  # the old name of the cache module, never released, is gone
+        importlib.import_module("torch_neuronx.compile")
+    (cli,) = importlib.metadata.entry_points(group="console_scripts", name="neuron-cache")
+    assert cli.load() is importlib.import_module("torch_neuronx.neuron_cache").main
     import torch
     assert torch.neuron.get_dynamo_metrics is backend.get_dynamo_metrics
 

@@ -1,6 +1,6 @@
 """nn.LSTM / nn.GRU / nn.RNN and their cells on neuron against CPU, forward and backward.
 
-Whole layers run CPU's generic path step for step (torch_neuronx/recurrent.py), so they are
+Whole layers run CPU's generic path step for step (torch_neuronx/python_ops/recurrent.py), so they are
 bit-identical to CPU; except that CPU's default for float32/bfloat16 LSTM is oneDNN, which rounds
 differently: LSTM equals CPU bit for bit under torch.backends.mkldnn.flags(enabled=False), and to
 rounding otherwise. Cells take ATen's device path through the fused cells: float32 forwards are

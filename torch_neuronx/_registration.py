@@ -2,7 +2,8 @@
 sized to the emulated topology, then each part of the backend installed by the module that owns it."""
 import torch
 
-from torch_neuronx import distributed, distribution_alias, dlpack, dynamo_rules, neuron, recurrent, threads
+from torch_neuronx import distributed, neuron, python_ops
+from torch_neuronx.interop import distribution_alias, dlpack, dynamo_rules, ecosystem_errors, threads
 from torch_neuronx.runtime import BACKEND_NAME, apply_topology, core, warn_once
 
 # TorchNeuron's torch.neuron aliases of the compiler's metrics, imported on first use (the
@@ -68,11 +69,9 @@ def register(on_conflict: str = "raise") -> bool:
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
     neuron.install(NEURON_ALIASES)
-    recurrent.register()
-    dlpack.install()
-    threads.install()
-    dynamo_rules.install()
-    distribution_alias.install()
-    distributed.register()
+    python_ops.install()
+    for adaptation in (threads, dlpack, distribution_alias, ecosystem_errors, dynamo_rules):
+        adaptation.install()
+    distributed.install()
     _registered = True
     return True

@@ -2,7 +2,7 @@
 
 One row per Trainium chip (a "neuron device"): its logical NeuronCores, HBM, the chips
 it is wired to, and which of its cores this process sees (``NEURON_RT_VISIBLE_CORES`` /
-``NEURON_RT_NUM_CORES``). Everything comes from :mod:`torch_neuronx.topology`; unlike the
+``NEURON_RT_NUM_CORES``). Everything comes from :mod:`torch_neuronx.runtime.topology`; unlike the
 real tool there are no PCI devices (the BDF addresses are made up), no driver or
 firmware, and no processes using the cores.
 """
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from torch_neuronx import topology
+from torch_neuronx.runtime import hardware, topology
 from torch_neuronx.runtime import format_bytes
 
 PROG = "neuron-ls"
@@ -47,7 +47,7 @@ def chips(topo: topology.Topology) -> list[dict]:
     per_chip = topo.logical_cores_per_chip
     visible = set(topo.visible_cores)
     result = []
-    for chip in range(topo.profile.chips):
+    for chip in range(topo.instance.chips):
         cores = list(range(chip * per_chip, (chip + 1) * per_chip))
         result.append({
             "neuron_device": chip,
@@ -55,12 +55,12 @@ def chips(topo: topology.Topology) -> list[dict]:
             "connected_to": topo.connected_chips(chip),
             "nc_count": per_chip,
             "logical_neuroncore_config": topo.lnc,
-            "physical_nc_count": topo.profile.physical_cores_per_chip,
-            "memory_size": topo.profile.hbm_bytes_per_chip,
+            "physical_nc_count": topo.instance.chip.physical_cores,
+            "memory_size": topo.instance.chip.hbm_bytes,
             "neuroncore_ids": cores,
             "visible_neuroncore_ids": [core for core in cores if core in visible],
             "memory_per_neuroncore": topo.device_memory,
-            "instance_type": topo.profile.name,
+            "instance_type": topo.instance.name,
             "neuron_processes": [],
         })
     return result
@@ -78,33 +78,33 @@ def table(header: list[tuple[str, str]], rows: list[list[str]]) -> str:
 
 
 def text(topo: topology.Topology, show_topology: bool) -> str:
-    profile = topo.profile
-    out = [f"instance-type: {profile.name} (emulated on the host by torch-neuronx-cpu)",
+    instance = topo.instance
+    out = [f"instance-type: {instance.name} (emulated on the host by torch-neuronx-cpu)",
            f"logical-neuroncore-config: {topo.lnc}"]
     header = [("NEURON", "DEVICE"), ("NEURON", "CORES"), ("NEURON", "CORE IDS"), ("NEURON", "MEMORY"),
               ("CONNECTED", "DEVICES"), ("VISIBLE", "CORE IDS")]
     rows = [[str(c["neuron_device"]), str(c["nc_count"]), id_ranges(c["neuroncore_ids"]),
-             f"{c['memory_size'] // topology.GiB} GB", ", ".join(map(str, c["connected_to"])) or "-",
+             f"{c['memory_size'] // hardware.GiB} GB", ", ".join(map(str, c["connected_to"])) or "-",
              id_ranges(c["visible_neuroncore_ids"])] for c in chips(topo)]
     out.append(table(header, rows))
     memory = f"memory per logical core: {format_bytes(topo.device_memory)}"
     if topo.memory_overridden:
         out.append(f"{memory} (set by {topology.DEVICE_MEMORY_ENV})")
     else:
-        reserved = topology.RUNTIME_RESERVED_PER_PHYSICAL_CORE // topology.MiB
+        reserved = hardware.RUNTIME_RESERVED_PER_PHYSICAL_CORE // hardware.MiB
         out.append(f"{memory} (HBM share minus the runtime's {reserved} MiB per physical core)")
     if len(topo.visible_cores) > topology.MAX_TORCH_DEVICES:
         out.append(f"note: torch can index at most {topology.MAX_TORCH_DEVICES} neuron devices in a process; "
                    f"set {topology.VISIBLE_CORES_ENV} or {topology.NUM_CORES_ENV} to use fewer")
     if show_topology:
         out.append("")
-        if profile.torus is None:
-            out.append(f"{profile.name} has one {profile.chip} chip: no chip-to-chip connections.")
+        if instance.torus is None:
+            out.append(f"{instance.name} has one {instance.chip.name} chip: no chip-to-chip connections.")
         else:
-            r, c = profile.torus
-            out.append(f"{profile.name}: {profile.chips} {profile.chip} chips wired as a {r}x{c} 2D torus")
-            width = len(str(profile.chips - 1))
-            for chip in range(profile.chips):
+            r, c = instance.torus
+            out.append(f"{instance.name}: {instance.chips} {instance.chip.name} chips wired as a {r}x{c} 2D torus")
+            width = len(str(instance.chips - 1))
+            for chip in range(instance.chips):
                 neighbours = ", ".join(map(str, topo.connected_chips(chip)))
                 out.append(f"  neuron device {chip:>{width}} <-> {neighbours}")
     return "\n".join(out)

@@ -86,7 +86,7 @@ def table(rows: list[Phase]) -> str:
 
 
 def describe_device() -> str:
-    from torch_neuronx import topology
+    from torch_neuronx.runtime import topology
 
     props = torch.neuron.get_device_properties(0)
     count = torch.neuron.device_count()

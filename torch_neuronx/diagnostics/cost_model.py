@@ -15,34 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.utils.flop_counter as flop_counter
 
-from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import BACKEND_NAME, hardware
 
 TERA = 1e12
-
-
-@dataclass(frozen=True)
-class ChipSpec:
-    """Published numbers of one Trainium chip."""
-
-    chip: str
-    physical_cores: int
-    bf16_tflops: float  # dense BF16/FP16 (TensorEngine)
-    fp32_tflops: float
-    fp8_tflops: float
-    hbm_tb_per_s: float
-    source: str
-
-
-CHIPS = {
-    "Trainium2": ChipSpec("Trainium2", 8, 667.0, 181.0, 1299.0, 2.9,
-                          "AWS Trn2 specifications: 667 TFLOPS dense BF16, 181 FP32, 1299 FP8, 2.9 TB/s HBM"),
-    "Trainium3": ChipSpec("Trainium3", 8, 671.0, 181.0, 2517.0, 4.9,
-                          "AWS Trn3 specifications: 671 TFLOPS BF16, 2517 MXFP8, 4.9 TB/s HBM; FP32 is not "
-                          "published, Trainium2's 181 TFLOPS is assumed"),
-    "Trainium": ChipSpec("Trainium", 2, 190.0, 47.5, 190.0, 0.82,
-                         "AWS Trn1 instance page (trn1.32xlarge: 16 chips, 3040 TFLOPS BF16, 760 FP32, "
-                         "13.1 TB/s HBM), divided by 16; no FP8, BF16 assumed"),
-}
 
 
 @dataclass(frozen=True)
@@ -75,9 +50,9 @@ class TrainiumProfile:
 
 def profile_for(chip: str, lnc: int) -> TrainiumProfile:
     """One logical core of ``chip`` at ``lnc``: its share (``lnc`` physical cores) of the chip's peaks."""
-    if chip not in CHIPS:
-        raise ValueError(f"no cost profile for chip {chip!r}; known chips: {', '.join(sorted(CHIPS))}")
-    spec = CHIPS[chip]
+    if chip not in hardware.CHIPS:
+        raise ValueError(f"no cost profile for chip {chip!r}; known chips: {', '.join(sorted(hardware.CHIPS))}")
+    spec = hardware.CHIPS[chip]
     if lnc not in (1, 2) or spec.physical_cores % lnc:
         raise ValueError(f"LNC must be 1 or 2 for {chip}, got {lnc}")
     share = lnc / spec.physical_cores
@@ -97,10 +72,10 @@ def parse_profile(text: str) -> TrainiumProfile:
 
 def current_profile() -> TrainiumProfile:
     """The profile of the emulated instance (``TORCH_NEURONX_INSTANCE_TYPE``, ``NEURON_LOGICAL_NC_CONFIG``)."""
-    from torch_neuronx import topology
+    from torch_neuronx.runtime import topology
 
     current = topology.current()
-    return profile_for(current.profile.chip, current.lnc)
+    return profile_for(current.instance.chip.name, current.lnc)
 
 
 # ---- op families -------------------------------------------------------------------------------

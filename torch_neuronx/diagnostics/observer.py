@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from torch_neuronx import ecosystem_errors
+from torch_neuronx.interop import ecosystem_errors
 from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, hooks, ops
@@ -205,7 +205,7 @@ def _observe(op: str, inputs: list[torch.Tensor], results: list[torch.Tensor], s
 
 
 def _library_error(kind: str, call: str, detail: str) -> None:
-    """A library failing on neuron as it would on Trainium (torch_neuronx.ecosystem_errors)."""
+    """A library failing on neuron as it would on Trainium (torch_neuronx.interop.ecosystem_errors)."""
     collector = _collector
     if collector is not None:
         site, _ = findings.user_site()

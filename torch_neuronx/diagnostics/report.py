@@ -14,7 +14,7 @@ import torch
 
 from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, places, unsupported_ops
 from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
-from torch_neuronx.runtime import BACKEND_NAME, format_bytes
+from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware
 from torch_neuronx.runtime.units import format_seconds
 
 SCHEMA_VERSION = 1
@@ -152,11 +152,8 @@ def _memory_rows() -> list[MemoryRow]:
 
 
 def _memory_findings(rows: list[MemoryRow], profile: cost_model.TrainiumProfile) -> list[findings.Finding]:
-    from torch_neuronx import topology
-
     # The HBM of one logical core of the profile's chip (not the emulated capacity, which users can raise).
-    instance = next(p for p in topology.PROFILES.values() if p.chip == profile.chip)
-    hbm = topology.default_device_memory(instance, profile.lnc)
+    hbm = hardware.CHIPS[profile.chip].core_memory(profile.lnc)
     out = []
     for row in rows:
         if row.peak_bytes > hbm:
@@ -219,28 +216,41 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
     collector = observer.active() or observer.last()
     if collector is observer.active() and collector is not None:
         collector.switch_phase(collector.phase.name)  # bring the current phase's wall time up to date
-    executed = op_tracking.get_op_counts()
-    memory = _memory_rows()
-    timeline_device = f"{BACKEND_NAME}:{torch.neuron.current_device()}" if torch.neuron.is_initialized() else ""
-    report = Report(schema_version=SCHEMA_VERSION, verdict={}, process=_process(), profile=profile.as_dict(),
-                    collected=collector is not None, findings=[], sources=[], estimated_ms=0.0, phases=[],
-                    families=[], signatures=[], compiled_graphs=[], neff_signatures=0, host_syncs=0,
-                    executed_ops=executed,
-                    fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)},
-                    memory=memory, memory_timeline=[], memory_timeline_device=timeline_device,
-                    assumptions=cost_model.assumptions(profile))
-    found = _memory_findings(memory, profile)
+    report = _counted(profile, collector is not None)
+    found = _memory_findings(report.memory, profile)
     if collector is None:
         report.assumptions.insert(0, "Calls were not observed: only op counts and memory are reported. Set "
                                      "TORCH_NEURONX_REPORT=1, run under `python -m torch_neuronx.run`, or call "
                                      "torch_neuronx.diagnostics.start() first.")
         return _with_findings(report, found)
-
     with collector.lock:
         phases = [(p.name, p.seconds, dict(p.calls), dict(p.graph_calls)) for p in collector.phases.values()]
         results = dict(collector.results)
         graphs = dict(collector.graphs)
         timeline = list(collector.timeline)
+    _add_estimate(report, profile, phases, results, graphs)
+    found = collector.detector.collected() + findings.compile_findings(collector.earlier_compilations) + found
+    report.memory_timeline = _downsample(_from_first_allocation(timeline), TIMELINE_POINTS)
+    return _with_findings(report, found)
+
+
+def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
+    """The parts of the report that need no observation: op counts, memory peaks, assumptions."""
+    executed = op_tracking.get_op_counts()
+    timeline_device = f"{BACKEND_NAME}:{torch.neuron.current_device()}" if torch.neuron.is_initialized() else ""
+    return Report(schema_version=SCHEMA_VERSION, verdict={}, process=_process(), profile=profile.as_dict(),
+                  collected=collected, findings=[], sources=[], estimated_ms=0.0, phases=[],
+                  families=[], signatures=[], compiled_graphs=[], neff_signatures=0, host_syncs=0,
+                  executed_ops=executed,
+                  fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)},
+                  memory=_memory_rows(), memory_timeline=[], memory_timeline_device=timeline_device,
+                  assumptions=cost_model.assumptions(profile))
+
+
+def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: list, results: dict,
+                  graphs: dict) -> None:
+    """Cost every observed signature and compiled graph, then fill in the phases, op families,
+    signatures and compiled graphs of ``report``."""
     signatures = {key: observer.Signature.of_key(key) for key in results}
     costs: dict[tuple, tuple[str, cost_model.OpCost]] = {}
     for key, result_metas in results.items():
@@ -249,7 +259,6 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
                       cost_model.op_cost(profile, signature.op, signature.inputs, result))
     graph_costs = {name: [(cost_model.family(op), cost_model.op_cost(profile, op, ins, outs))
                           for op, ins, outs in g.ops] for name, g in graphs.items()}
-
     totals: Counter = Counter()
     all_costs = []
     for name, seconds, calls_by_key, graph_calls in phases:
@@ -279,6 +288,3 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
          "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error,
          "lowering": g.lowering, "lowering_s": g.lowering_s, "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
         for name, g in graphs.items()]
-    found = collector.detector.collected() + findings.compile_findings(collector.earlier_compilations) + found
-    report.memory_timeline = _downsample(_from_first_allocation(timeline), TIMELINE_POINTS)
-    return _with_findings(report, found)

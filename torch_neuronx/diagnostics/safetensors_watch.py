@@ -10,7 +10,7 @@ import functools
 import importlib
 import threading
 
-from torch_neuronx import ecosystem_errors
+from torch_neuronx.interop import ecosystem_errors
 
 # (module, function, position of `device` among the positional arguments)
 _LOADERS = (("safetensors.torch", "load_file", 1), ("safetensors.torch", "safe_open", 2),

@@ -3,7 +3,7 @@
 Execution is host-synchronous: every op has completed when it returns, so
 ``synchronize()`` has nothing to wait for. Memory (``torch.neuron.memory``),
 streams/events, device properties and RNG live in their own modules; the
-instance they describe is ``torch_neuronx.topology``.
+instance they describe is ``torch_neuronx.runtime.topology``.
 """
 import importlib
 import os
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from torch_neuronx import ecosystem_errors, topology
+from torch_neuronx.runtime import topology
 from torch_neuronx.runtime import BACKEND_NAME
 from torch_neuronx.runtime import ops as _ops
 from torch_neuronx.neuron._device import (  # noqa: F401
@@ -152,8 +152,4 @@ def __getattr__(name):
     if name in _aliases:
         module, attribute = _aliases[name]
         return getattr(importlib.import_module(module), attribute)
-    if name in ecosystem_errors.INDUCTOR_HOOK_NAMES:
-        # Inductor's codegen hook for a PrivateUse1 device: neuron has none, as on Trainium. These
-        # raise one clear error naming backend="neuron" at Inductor's first use of a neuron graph.
-        return ecosystem_errors.NO_INDUCTOR_BACKEND[name]
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")

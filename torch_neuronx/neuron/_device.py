@@ -1,7 +1,7 @@
 """Device selection: which logical NeuronCore ``neuron`` means right now."""
 import torch
 
-from torch_neuronx import topology
+from torch_neuronx.runtime import topology
 from torch_neuronx.runtime import BACKEND_NAME
 from torch_neuronx.runtime import ops as _ops
 

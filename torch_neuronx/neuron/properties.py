@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch_neuronx import topology
+from torch_neuronx.runtime import topology
 from torch_neuronx.neuron._device import _get_device_index
 
 __all__ = ["NeuronDeviceProperties", "get_device_capability", "get_device_name", "get_device_properties"]
@@ -34,13 +34,13 @@ class NeuronDeviceProperties:
 def get_device_properties(device=None) -> NeuronDeviceProperties:
     index = _get_device_index(device, optional=True)
     topo = topology.current()
-    profile = topo.profile
+    chip = topo.instance.chip
     core = topo.visible_cores[index]
     return NeuronDeviceProperties(
-        name=f"{profile.chip} {profile.core_arch}", total_memory=topo.device_memory,
-        major=profile.capability[0], minor=profile.capability[1], core_id=core,
-        physical_core_count=topo.lnc, logical_nc_config=topo.lnc, chip=profile.chip,
-        chip_index=topo.chip_of(core), instance_type=profile.name)
+        name=f"{chip.name} {chip.core_arch}", total_memory=topo.device_memory,
+        major=chip.capability[0], minor=chip.capability[1], core_id=core,
+        physical_core_count=topo.lnc, logical_nc_config=topo.lnc, chip=chip.name,
+        chip_index=topo.chip_of(core), instance_type=topo.instance.name)
 
 
 def get_device_name(device=None) -> str:

@@ -3,12 +3,13 @@
 Device literals and every value's metadata move to CPU, so Inductor's caches (FX graph,
 AOTAutograd) apply. Tensors Dynamo installs as graph attributes (optimizer state, parameters,
 buffers, free tensors) are lifted to inputs, so at run time they are passed like any argument
-(:mod:`.executor`). Example inputs become CPU fakes that share storages exactly as the neuron
+(:mod:`.bridge`). Example inputs become CPU fakes that share storages exactly as the neuron
 inputs do.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any, Sequence
 
 import torch
@@ -159,3 +160,26 @@ def cpu_example_inputs(example_inputs: Sequence[Any], fake_mode) -> list:
             cpu.requires_grad_(True)
         result.append(cpu)
     return result
+
+
+@dataclasses.dataclass
+class HostGraph:
+    """Dynamo's graph made a CPU graph: what either executor compiles."""
+    gm: torch.fx.GraphModule
+    inputs: list  # CPU fakes: the lifted tensor attributes first, then Dynamo's inputs
+    lifted: list[torch.Tensor]  # the real lifted tensors, passed before the caller's arguments on every call
+    backend_id: str | None  # Dynamo's id of the graph (the packages of caching precompile name it)
+
+
+def for_host(gm: torch.fx.GraphModule, example_inputs) -> HostGraph:
+    """A copy of ``gm`` rewritten to CPU (Dynamo still reads ``gm``'s inputs after the backend
+    returns), its tensor attributes lifted to leading inputs, and CPU fakes of every input."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode(example_inputs)
+    host_gm = copy_graph_module(gm)
+    lifted = lift_tensor_attributes(host_gm, fake_mode, gm)
+    rewrite_to_cpu(host_gm, fake_mode)
+    lifted_fakes = [n.meta["example_value"] for n in host_gm.graph.find_nodes(op="placeholder")][:len(lifted)]
+    return HostGraph(host_gm, cpu_example_inputs([*lifted_fakes, *example_inputs], fake_mode), lifted,
+                     getattr(gm, "_backend_id", None))

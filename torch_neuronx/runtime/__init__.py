@@ -5,7 +5,7 @@ It holds what every other part needs and may import: the backend's name and the 
 boolean environment variables (:mod:`.env`), the one byte formatter (:mod:`.units`), warnings
 given once per process (:mod:`.warn`) and the slot through which diagnostics observe the
 compiler (:mod:`.hooks`). It imports only torch, the standard library and
-:mod:`torch_neuronx.topology`; nothing here imports a higher layer.
+:mod:`torch_neuronx.runtime.topology`; nothing here imports a higher layer.
 """
 from torch_neuronx.runtime.core import BACKEND_NAME, apply_topology, load_core, ops
 from torch_neuronx.runtime.env import env_flag, env_number

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from torch_neuronx import topology
+from torch_neuronx.runtime import topology
 
 BACKEND_NAME = "neuron"
 

@@ -28,7 +28,7 @@ import platform
 import sys
 import threading
 
-from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache
 
 # Bump when what a record vouches for changes.
 RECORD_FORMAT = "1"

@@ -19,8 +19,8 @@ from typing import Any, Callable
 import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
-from torch_neuronx.neuron_dynamo_backend import isa_probe
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache
+from torch_neuronx.neuron_dynamo_backend.caching import isa_probe
 from torch_neuronx.version import __version__
 
 # Inductor cache directories this module put in TORCHINDUCTOR_CACHE_DIR (one per NEFF cache directory used).

@@ -29,7 +29,7 @@ import threading
 
 import torch
 
-from torch_neuronx.neuron_dynamo_backend import lowering
+from torch_neuronx.neuron_dynamo_backend.faithful import lowering
 
 _HEADER = struct.Struct("<Q")
 # Variables that would make the worker observe itself or print a report of its own.
@@ -208,9 +208,14 @@ def _serve() -> None:
 
 
 class _WorkerDied(Exception):
-    def __init__(self, how: str, stderr: str):
-        super().__init__(how)
-        self.how, self.stderr = how, stderr
+    def __init__(self, code: int, stderr: str):
+        super().__init__(_describe_exit(code))
+        self.how, self.code, self.stderr = _describe_exit(code), code, stderr
+
+    @property
+    def crashed(self) -> bool:
+        """Killed by a signal (an abort, a segfault), not a Python error it could report."""
+        return self.code < 0
 
 
 class _Worker:
@@ -218,7 +223,7 @@ class _Worker:
         environment = {k: v for k, v in os.environ.items() if not k.startswith(_WORKER_DROPS)}
         self._stderr = tempfile.TemporaryFile()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", "from torch_neuronx.neuron_dynamo_backend import lowering_worker as w; w._serve()"],
+            [sys.executable, "-c", f"import {__name__} as worker; worker._serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=environment)
 
     def alive(self) -> bool:
@@ -233,7 +238,7 @@ class _Worker:
             code = self._process.wait()
             self._stderr.seek(start)
             stderr = self._stderr.read().decode(errors="replace")[-_STDERR_TAIL:]
-            raise _WorkerDied(_describe_exit(code), stderr) from None
+            raise _WorkerDied(code, stderr) from None
 
     def close(self) -> None:
         if self.alive():
@@ -329,4 +334,6 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> lowering.LoweredGraph
         try:
             return _reply(description, name)
         except _WorkerDied as died:
+            if not died.crashed:  # it could not start or serve: an installation problem, not the graph's
+                raise RuntimeError(f"the lowering worker process {died.how}:\n{died.stderr.strip()}") from None
             raise _crash_error(description, died) from None

@@ -37,8 +37,10 @@ import torch._dynamo.package as dynamo_package
 import torch._dynamo.precompile_context as precompile_context
 from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
 
-from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
-from torch_neuronx.neuron_dynamo_backend import config, executor, graph_cache
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache
+from torch_neuronx.neuron_dynamo_backend import config
+from torch_neuronx.neuron_dynamo_backend import bridge
+from torch_neuronx.neuron_dynamo_backend.caching import graph_cache
 from torch_neuronx.neuron_dynamo_backend import metrics as graph_metrics
 from torch_neuronx.version import __version__
 
@@ -82,7 +84,7 @@ class NeuronGraphArtifact(BackendCacheArtifact[Callable]):
                                           graph_node_count=0)
         metrics.compile_us = (time.perf_counter() - start) * 1e6
         metrics.cache = "precompiled"
-        return executor.apply_device_rules(executor.run_graph_on_neuron(compiled), config.refuse_cpu_inputs(),
+        return bridge.apply_device_rules(bridge.run_graph_on_neuron(compiled), config.refuse_cpu_inputs(),
                                            config.retain_device_mode())
 
 

@@ -252,7 +252,7 @@ def _lstm_kernels():
         has_projections=lambda hx: hx[0].size(2) != hx[1].size(2))
 
 
-def register() -> None:
+def install() -> None:
     """Register the kernels for neuron (once per process)."""
     global _library
     if _library is not None:

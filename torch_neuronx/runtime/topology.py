@@ -13,7 +13,7 @@ Chosen by environment variables, read when torch_neuronx registers the device:
   reservation. Host RAM stays the real limit.
 
 Bad values raise :class:`TopologyError` naming the variable, its value and what is valid.
-This module imports nothing from torch, so tools (``neuron-ls``) can use it cheaply.
+The instances and chips themselves are :mod:`.hardware`'s table.
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ import os
 import re
 from dataclasses import dataclass
 
-GiB = 1 << 30
-MiB = 1 << 20
+from torch_neuronx.runtime.hardware import GiB, INSTANCES, MiB, Instance
 
 INSTANCE_TYPE_ENV = "TORCH_NEURONX_INSTANCE_TYPE"
 DEVICE_MEMORY_ENV = "TORCH_NEURONX_DEVICE_MEMORY"
@@ -31,8 +30,6 @@ VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 NUM_CORES_ENV = "NEURON_RT_NUM_CORES"
 DEFAULT_INSTANCE_TYPE = "trn2.3xlarge"
 
-# The runtime keeps 96 MB of microcode/state per physical NeuronCore out of reach of tensors.
-RUNTIME_RESERVED_PER_PHYSICAL_CORE = 96 * MiB
 # c10::DeviceIndex is int8: a process can index at most 127 devices of one type.
 MAX_TORCH_DEVICES = 127
 
@@ -42,38 +39,10 @@ class TopologyError(ValueError):
 
 
 @dataclass(frozen=True)
-class InstanceProfile:
-    name: str
-    chip: str  # "Trainium2"
-    core_arch: str  # "NeuronCore-v3"
-    capability: tuple[int, int]  # (major, minor) of the NeuronCore architecture
-    chips: int
-    physical_cores_per_chip: int
-    hbm_bytes_per_chip: int
-    lnc_values: tuple[int, ...]  # valid NEURON_LOGICAL_NC_CONFIG values; the first is the default
-    torus: tuple[int, int] | None = None  # chips wired as a 2D torus (rows, cols), if several
-
-    def logical_cores(self, lnc: int) -> int:
-        return self.chips * self.physical_cores_per_chip // lnc
-
-
-PROFILES: dict[str, InstanceProfile] = {
-    p.name: p
-    for p in (
-        InstanceProfile("trn2.3xlarge", "Trainium2", "NeuronCore-v3", (3, 0), 1, 8, 96 * GiB, (2, 1)),
-        InstanceProfile("trn2.48xlarge", "Trainium2", "NeuronCore-v3", (3, 0), 16, 8, 96 * GiB, (2, 1), (4, 4)),
-        InstanceProfile("trn3", "Trainium3", "NeuronCore-v4", (4, 0), 1, 8, 144 * GiB, (2, 1)),
-        InstanceProfile("trn1.2xlarge", "Trainium", "NeuronCore-v2", (2, 0), 1, 2, 32 * GiB, (1,)),
-        InstanceProfile("trn1.32xlarge", "Trainium", "NeuronCore-v2", (2, 0), 16, 2, 32 * GiB, (1,), (4, 4)),
-    )
-}
-
-
-@dataclass(frozen=True)
 class Topology:
     """One process's view of the emulated instance."""
 
-    profile: InstanceProfile
+    instance: Instance
     lnc: int
     visible_cores: tuple[int, ...]  # logical core ids; neuron:i is visible_cores[i]
     device_memory: int  # emulated capacity of each logical core, in bytes
@@ -81,20 +50,20 @@ class Topology:
 
     @property
     def logical_cores(self) -> int:
-        return self.profile.logical_cores(self.lnc)
+        return self.instance.logical_cores(self.lnc)
 
     @property
     def logical_cores_per_chip(self) -> int:
-        return self.profile.physical_cores_per_chip // self.lnc
+        return self.instance.chip.physical_cores // self.lnc
 
     def chip_of(self, core_id: int) -> int:
         return core_id // self.logical_cores_per_chip
 
     def connected_chips(self, chip: int) -> list[int]:
         """The chips wired to ``chip`` (a 2D torus on multi-chip instances)."""
-        if self.profile.torus is None:
+        if self.instance.torus is None:
             return []
-        rows, cols = self.profile.torus
+        rows, cols = self.instance.torus
         r, c = divmod(chip, cols)
         neighbours = {((r - 1) % rows) * cols + c, ((r + 1) % rows) * cols + c,
                       r * cols + (c - 1) % cols, r * cols + (c + 1) % cols}
@@ -102,13 +71,7 @@ class Topology:
         return sorted(neighbours)
 
     def describe(self) -> str:
-        return f"an emulated {self.profile.name} (LNC={self.lnc})"
-
-
-def default_device_memory(profile: InstanceProfile, lnc: int) -> int:
-    """A logical core's share of its chip's HBM, minus the runtime's reservation."""
-    share = profile.hbm_bytes_per_chip * lnc // profile.physical_cores_per_chip
-    return share - lnc * RUNTIME_RESERVED_PER_PHYSICAL_CORE
+        return f"an emulated {self.instance.name} (LNC={self.lnc})"
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
@@ -147,22 +110,40 @@ def from_env(environ=None, max_devices: int | None = MAX_TORCH_DEVICES) -> Topol
     """The topology the environment asks for. Raises TopologyError for bad values, and when
     more than ``max_devices`` cores would be visible (None: no limit, for tools)."""
     env = os.environ if environ is None else environ
+    instance = _instance(env)
+    lnc = _lnc(env, instance)
+    visible = _visible_cores(env, instance, lnc)
+    if max_devices is not None and len(visible) > max_devices:
+        raise TopologyError(
+            f"{instance.name} with LNC={lnc} has {len(visible)} logical cores, but torch can index at most "
+            f"{max_devices} devices of one type in a process. Set {VISIBLE_CORES_ENV} (e.g. '0-63') or "
+            f"{NUM_CORES_ENV} to use fewer per process, as distributed runs do (one core per rank), "
+            f"or use {LNC_ENV}=2.")
+    memory, overridden = _device_memory(env, instance, lnc)
+    return Topology(instance, lnc, tuple(visible), memory, overridden)
 
+
+def _instance(env) -> Instance:
     name = env.get(INSTANCE_TYPE_ENV, "").strip() or DEFAULT_INSTANCE_TYPE
-    profile = PROFILES.get(name)
-    if profile is None:
-        raise _invalid(INSTANCE_TYPE_ENV, name, "the emulated instance types are " + ", ".join(PROFILES))
+    if name not in INSTANCES:
+        raise _invalid(INSTANCE_TYPE_ENV, name, "the emulated instance types are " + ", ".join(INSTANCES))
+    return INSTANCES[name]
 
-    lnc_text = env.get(LNC_ENV, "").strip()
-    lnc = profile.lnc_values[0]
-    if lnc_text:
-        valid = " or ".join(str(v) for v in profile.lnc_values)
-        if not lnc_text.isdigit() or int(lnc_text) not in profile.lnc_values:
-            raise _invalid(LNC_ENV, lnc_text, f"valid values on {profile.name} are {valid}")
-        lnc = int(lnc_text)
 
-    total = profile.logical_cores(lnc)
-    core_range = f"logical core ids on {profile.name} with LNC={lnc} are 0 to {total - 1}"
+def _lnc(env, instance: Instance) -> int:
+    text = env.get(LNC_ENV, "").strip()
+    valid = instance.chip.lnc_values
+    if not text:
+        return valid[0]
+    if not text.isdigit() or int(text) not in valid:
+        raise _invalid(LNC_ENV, text, f"valid values on {instance.name} are {' or '.join(str(v) for v in valid)}")
+    return int(text)
+
+
+def _visible_cores(env, instance: Instance, lnc: int) -> list[int]:
+    """NEURON_RT_VISIBLE_CORES, then NEURON_RT_NUM_CORES (the first N), over the instance's logical cores."""
+    total = instance.logical_cores(lnc)
+    core_range = f"logical core ids on {instance.name} with LNC={lnc} are 0 to {total - 1}"
     visible = list(range(total))
     visible_text = env.get(VISIBLE_CORES_ENV, "").strip()
     if visible_text:
@@ -177,39 +158,34 @@ def from_env(environ=None, max_devices: int | None = MAX_TORCH_DEVICES) -> Topol
         if len(set(visible)) != len(visible):
             raise _invalid(VISIBLE_CORES_ENV, visible_text, "a core is listed twice")
         visible = sorted(visible)
-
     num_text = env.get(NUM_CORES_ENV, "").strip()
-    if num_text:
-        available = len(visible)
-        if not num_text.isdigit() or not 1 <= int(num_text) <= available:
-            source = f"the {available} cores of {VISIBLE_CORES_ENV}={visible_text!r}" if visible_text \
-                else f"the {available} logical cores of {profile.name} with LNC={lnc}"
-            raise _invalid(NUM_CORES_ENV, num_text, f"valid values are 1 to {available} ({source})")
-        if visible_text and int(num_text) != available:
-            raise _invalid(NUM_CORES_ENV, num_text,
-                           f"{VISIBLE_CORES_ENV}={visible_text!r} already selects {available} cores; "
-                           "set only one of the two, or make them agree")
-        visible = visible[: int(num_text)]
+    if not num_text:
+        return visible
+    available = len(visible)
+    if not num_text.isdigit() or not 1 <= int(num_text) <= available:
+        source = f"the {available} cores of {VISIBLE_CORES_ENV}={visible_text!r}" if visible_text \
+            else f"the {available} logical cores of {instance.name} with LNC={lnc}"
+        raise _invalid(NUM_CORES_ENV, num_text, f"valid values are 1 to {available} ({source})")
+    if visible_text and int(num_text) != available:
+        raise _invalid(NUM_CORES_ENV, num_text,
+                       f"{VISIBLE_CORES_ENV}={visible_text!r} already selects {available} cores; "
+                       "set only one of the two, or make them agree")
+    return visible[: int(num_text)]
 
-    if max_devices is not None and len(visible) > max_devices:
-        raise TopologyError(
-            f"{profile.name} with LNC={lnc} has {len(visible)} logical cores, but torch can index at most "
-            f"{max_devices} devices of one type in a process. Set {VISIBLE_CORES_ENV} (e.g. '0-63') or "
-            f"{NUM_CORES_ENV} to use fewer per process, as distributed runs do (one core per rank), "
-            f"or use {LNC_ENV}=2.")
 
-    memory = default_device_memory(profile, lnc)
-    memory_text = env.get(DEVICE_MEMORY_ENV, "").strip()
-    if memory_text:
-        try:
-            memory = parse_size(memory_text)
-        except ValueError:
-            memory = 0
-        if memory <= 0:
-            raise _invalid(DEVICE_MEMORY_ENV, memory_text,
-                           "expected a positive size in bytes, optionally with a unit, such as '2GiB', "
-                           "'512MB' or '1073741824'")
-    return Topology(profile, lnc, tuple(visible), memory, bool(memory_text))
+def _device_memory(env, instance: Instance, lnc: int) -> tuple[int, bool]:
+    """(capacity of each logical core, whether TORCH_NEURONX_DEVICE_MEMORY set it)."""
+    text = env.get(DEVICE_MEMORY_ENV, "").strip()
+    if not text:
+        return instance.chip.core_memory(lnc), False
+    try:
+        memory = parse_size(text)
+    except ValueError:
+        memory = 0
+    if memory <= 0:
+        raise _invalid(DEVICE_MEMORY_ENV, text, "expected a positive size in bytes, optionally with a unit, such "
+                       "as '2GiB', '512MB' or '1073741824'")
+    return memory, True
 
 
 _current: Topology | None = None

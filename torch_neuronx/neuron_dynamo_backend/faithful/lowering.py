@@ -4,7 +4,7 @@ The stages are TorchNeuron's: torch-mlir's ``FxImporter`` turns the graph into t
 (``import``), torch-mlir's pipeline takes it to the torch backend IR (``torch-backend``: shape and
 dtype refinement, torch-mlir's own decompositions) and then to StableHLO (``stablehlo``); then
 TorchNeuron's semantic pass runs on the StableHLO module (:mod:`.stablehlo_passes`). neuronx-cc
-would take the result; here XLA:CPU can run it (:mod:`.xla_executor`).
+would take the result; here XLA:CPU can run it (:mod:`.xla_program`).
 
 Every op keeps its source location (the user's file and line, from the FX node's stack trace).
 A graph that does not lower raises :class:`LoweringError` naming the op, the stage and that line.
@@ -146,11 +146,9 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
     StableHLO, TorchNeuron's way. Raises LoweringError for an op that does not lower."""
     require_torch_mlir()
     from torch_mlir import ir
-    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
     from torch_mlir.dialects import torch as torch_dialect
-    from torch_mlir.extras.fx_importer import FxImporter
 
-    from torch_neuronx.neuron_dynamo_backend import stablehlo_passes
+    from torch_neuronx.neuron_dynamo_backend.faithful import stablehlo_passes
 
     start = time.perf_counter()
     context = ir.Context()
@@ -164,28 +162,11 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
 
     handler = context.attach_diagnostic_handler(collect)
     try:
-        importer = FxImporter(context=context, hooks=_dense_literals())
-        importer._cc = _module_path_locations(context, importer._py_attr_tracker)
-        try:
-            importer.import_stateless_graph(gm.graph, func_name=name)
-        except Exception as error:  # an op or a type the importer does not know
-            node = _failing_node(gm, error)
-            raise LoweringError(node_op(node) if node is not None else _op_name(str(error)), "import",
-                                site_of(node), f"{type(error).__name__}: {error}") from error
-        module = importer.module
+        module = _import(gm, name, context)
         with context, ir.Location.unknown():
             raw = module.operation.get_asm(enable_debug_info=True)
         for stage, pipeline in (("torch-backend", _TO_BACKEND_PIPELINE), ("stablehlo", _TO_STABLEHLO_PIPELINE)):
-            diagnostics.clear()
-            try:
-                run_pipeline_with_repro_report(module, pipeline, f"Lowering to {stage}")
-            except Exception as error:
-                location, message = _first_error(diagnostics, str(error).strip().splitlines()[0])
-                op = _op_name(message)
-                if not op.startswith("aten."):  # e.g. a constant left behind by the op that did not lower
-                    op, location = _first_unlowered(module, (op, location))
-                raise LoweringError(op, stage, _site_of_location(location),
-                                    message.splitlines()[0]) from None
+            _run_stage(module, stage, pipeline, diagnostics)
         stablehlo_passes.run(module, context)
         text = module.operation.get_asm(enable_debug_info=True)
         counts = _count_ops(module)
@@ -193,6 +174,36 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
     finally:
         handler.detach()
     return LoweredGraph(name, raw, text, counts, inputs, time.perf_counter() - start)
+
+
+def _import(gm: torch.fx.GraphModule, name: str, context):
+    """The stage ``import``: the FX graph as a torch-dialect module, constants dense, locations kept."""
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    importer = FxImporter(context=context, hooks=_dense_literals())
+    importer._cc = _module_path_locations(context, importer._py_attr_tracker)
+    try:
+        importer.import_stateless_graph(gm.graph, func_name=name)
+    except Exception as error:  # an op or a type the importer does not know
+        node = _failing_node(gm, error)
+        raise LoweringError(node_op(node) if node is not None else _op_name(str(error)), "import",
+                            site_of(node), f"{type(error).__name__}: {error}") from error
+    return importer.module
+
+
+def _run_stage(module, stage: str, pipeline: str, diagnostics: list[tuple[str, str]]) -> None:
+    """One torch-mlir pipeline on ``module``; a failure names the first op it left unlowered."""
+    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
+
+    diagnostics.clear()
+    try:
+        run_pipeline_with_repro_report(module, pipeline, f"Lowering to {stage}")
+    except Exception as error:
+        location, message = _first_error(diagnostics, str(error).strip().splitlines()[0])
+        op = _op_name(message)
+        if not op.startswith("aten."):  # e.g. a constant left behind by the op that did not lower
+            op, location = _first_unlowered(module, (op, location))
+        raise LoweringError(op, stage, _site_of_location(location), message.splitlines()[0]) from None
 
 
 _ELEMENT_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,

@@ -24,9 +24,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from torch_neuronx import topology
-from torch_neuronx.collective_checks import CheckedProcessGroup
-from torch_neuronx.runtime import BACKEND_NAME, apply_topology, env_flag, ops
+from torch_neuronx import neuron
+from torch_neuronx.distributed.collective_checks import CheckedProcessGroup
+from torch_neuronx.runtime import BACKEND_NAME, apply_topology, env_flag, ops, topology
 
 CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
 _bound = False
@@ -52,8 +52,8 @@ def _bind_local_core() -> None:
     _bound = True
     # DeviceMesh calls set_device(LOCAL_RANK) unless the runtime is initialized. A process that
     # sees fewer cores than that (one, when bound) initializes now, so neuron:0 stays current.
-    if torch.neuron.device_count() <= local_rank:
-        torch.neuron.init()
+    if neuron.device_count() <= local_rank:
+        neuron.init()
 
 
 def _set_visible_core(local_rank: int) -> None:
@@ -96,7 +96,7 @@ def _create_backend(store, rank: int, world_size: int, timeout):
     return CheckedProcessGroup(gloo, store, rank, world_size, timeout)
 
 
-def register() -> None:
+def install() -> None:
     """Register ``neuron`` with c10d for neuron and CPU tensors (idempotent)."""
     if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
         return

@@ -1,6 +1,8 @@
-"""TorchNeuron's compiled path, followed faithfully: AOTAutograd with TorchNeuron's decompositions,
-each forward/backward graph lowered to StableHLO (:mod:`.lowering`), then either run by XLA:CPU
-(the ``xla`` executor) or only lowered, as a readiness check beside Inductor's code.
+"""TorchNeuron's compiled path, followed faithfully: AOTAutograd with TorchNeuron's decompositions
+(:mod:`.decompositions`), each forward/backward graph lowered to StableHLO (:mod:`.lowering`, run in
+:mod:`.lowering_worker`, with TorchNeuron's semantic pass :mod:`.stablehlo_passes`), then either
+compiled and run by XLA:CPU (:mod:`.xla_program`: the ``xla`` executor) or only lowered, as a
+readiness check beside Inductor's code; :mod:`.artifacts` writes each stage in TorchNeuron's layout.
 
 Before lowering, a graph is shaped as TorchNeuron shapes it, without changing what it computes:
 copies into its inputs (optimizer updates, running statistics) become extra results written back
@@ -14,11 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from torch_neuronx.neuron_dynamo_backend import artifacts, lowering, lowering_worker, xla_executor
-from torch_neuronx.neuron_dynamo_backend import cache as neff_cache
-from torch_neuronx.neuron_dynamo_backend import isa_probe
-from torch_neuronx.neuron_dynamo_backend.decompositions import attention_as_math, decomposition_table
+from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
+from torch_neuronx.neuron_dynamo_backend.faithful import artifacts, lowering, lowering_worker, xla_program
+from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import attention_as_math, decomposition_table
+from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
+from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
 from torch_neuronx.version import __version__
 
 EXECUTOR_FORMAT = "2"  # bump when what is cached for the xla executor changes
@@ -90,7 +93,7 @@ def _key(gm: torch.fx.GraphModule, example_inputs) -> str:
     return neff_cache.cache_key(code, repr(constants), repr(inputs), "xla",
                                 EXECUTOR_FORMAT, torch.__version__, __version__, jax.__version__,
                                 getattr(torch_mlir, "__version__", "torch-mlir"),
-                                ",".join(xla_executor.DISABLED_XLA_PASSES), isa_probe.cpu_description())
+                                ",".join(xla_program.DISABLED_XLA_PASSES), isa_probe.cpu_description())
 
 
 def _lower(shaped: _Shaped, settings: CompileSettings) -> lowering.LoweredGraph:
@@ -110,7 +113,7 @@ def _lower(shaped: _Shaped, settings: CompileSettings) -> lowering.LoweredGraph:
 
 
 def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
-             stats: CompileStats) -> xla_executor.XlaProgram:
+             stats: CompileStats) -> xla_program.XlaProgram:
     """The XLA program of a shaped graph: from the compile cache, or lowered and compiled (and stored)."""
     cache = neff_cache.get_cache()
     key = _key(shaped.gm, example_inputs)
@@ -119,7 +122,7 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
         if payload is not None:
             try:
                 start = time.perf_counter()
-                program, stablehlo, op_counts = xla_executor.deserialize(payload)
+                program, stablehlo, op_counts = xla_program.deserialize(payload)
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
                 if artifacts.preserved():
@@ -136,11 +139,11 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
         lowered = _lower(shaped, settings)
         stats.lower_s += lowered.seconds
         start = time.perf_counter()
-        program = xla_executor.compile_program(lowered.stablehlo, lowered.input_dtypes, shaped.result_dtypes)
+        program = xla_program.compile_program(lowered.stablehlo, lowered.input_dtypes, shaped.result_dtypes)
         stats.compile_s += time.perf_counter() - start
         cache.record_compilation()
         if cache.enabled:
-            cache.put(key, xla_executor.serialize(program, lowered.stablehlo, lowered.op_counts))
+            cache.put(key, xla_program.serialize(program, lowered.stablehlo, lowered.op_counts))
         return program
 
 
@@ -151,7 +154,7 @@ def _outside_dynamo(function: Callable) -> Callable:
     return torch._dynamo.disable(function, reason="torch_neuronx runs its compiled programs outside Dynamo")
 
 
-def _runner(shaped: _Shaped, program: xla_executor.XlaProgram) -> Callable:
+def _runner(shaped: _Shaped, program: xla_program.XlaProgram) -> Callable:
     from torch._functorch.aot_autograd import make_boxed_func
 
     kept = shaped.results - len(shaped.none_results)
@@ -166,13 +169,25 @@ def _runner(shaped: _Shaped, program: xla_executor.XlaProgram) -> Callable:
     return make_boxed_func(_outside_dynamo(run))
 
 
-def compile_for_xla(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings,
-                    stats: CompileStats) -> Callable:
-    """``gm`` (Dynamo's graph, made CPU) compiled TorchNeuron's way and run by XLA:CPU."""
+def compile_for_xla(host: HostGraph, settings: CompileSettings, metrics: GraphMetrics) -> Callable:
+    """The ``xla`` executor: the host graph compiled TorchNeuron's way and run by XLA:CPU. Lowering
+    and compile times go to ``metrics``, the backward graph's when it compiles at the first backward."""
+    start = time.perf_counter()
+    stats = CompileStats()
+    compiled = _compile_with_aot(host.gm, host.inputs, settings, stats)
+    metrics.lower_us = stats.lower_s * 1e6
+    metrics.compile_us = (time.perf_counter() - start - stats.lower_s) * 1e6
+    metrics.cache = "hit" if stats.graphs and stats.hits == stats.graphs else "miss"
+    stats.metrics = metrics
+    return compiled
+
+
+def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings,
+                      stats: CompileStats) -> Callable:
     from torch._functorch.aot_autograd import aot_module_simplified
 
     lowering.require_torch_mlir()
-    xla_executor.require_jax()
+    xla_program.require_jax()
 
     def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs) -> Callable:
         stats.graphs += 1

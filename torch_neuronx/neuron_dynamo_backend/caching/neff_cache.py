@@ -19,13 +19,10 @@ Environment (names as in AWS's docs):
 Differences from AWS: the entries hold Inductor-compiled host code, not NEFFs (the `.neff`
 name is kept for layout compatibility), and keys are blake2b-128 digests rather than XXH3-128.
 
-CLI: neuron-cache [--dir PATH] {list,size,clear}
-(or python -m torch_neuronx.neuron_dynamo_backend.cache)
+``neuron-cache [--dir PATH] {list,size,clear}`` (:mod:`torch_neuronx.neuron_cache`) inspects it.
 """
-import argparse
 import collections
 import contextlib
-import datetime
 import glob
 import hashlib
 import os
@@ -42,7 +39,7 @@ try:
 except ImportError:  # not POSIX: compile without the cross-process lock
     fcntl = None
 
-from torch_neuronx.runtime import env_flag, env_number, format_bytes, warn_once
+from torch_neuronx.runtime import env_flag, env_number, warn_once
 
 MAGIC = b"NXNEFF01"
 # Where the compile backend keeps Inductor's own cache (generated code, built libraries).
@@ -308,59 +305,3 @@ def get_cache() -> NeffCache:
         if _instance is None or env != _instance_env:
             _instance, _instance_env = NeffCache(), env
         return _instance
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, returned as exit status 2 by main()
-        raise _UsageError(message)
-
-
-def main(argv=None) -> int:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", default=argparse.SUPPRESS, help="cache directory "
-                        "(default: $TORCH_NEURONX_NEFF_CACHE_DIR or /tmp/neff_cache)")
-    parser = _Parser(prog="neuron-cache", parents=[common],
-                     description="Inspect or clear the torch_neuronx compile cache.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands.add_parser("list", parents=[common], help="one line per entry, then a total")
-    commands.add_parser("size", parents=[common], help="total size and entry count")
-    commands.add_parser("clear", parents=[common], help="remove every entry")
-    try:
-        args = parser.parse_args(argv)
-    except _UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
-    try:
-        cache = NeffCache(getattr(args, "dir", None))
-    except ValueError as e:  # a bad environment variable
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        if args.command == "clear":
-            print(f"removed {cache.clear()} entries from {cache.directory}")
-            return 0
-        entries = cache.entries()
-        total = sum(e.size for e in entries)
-        if args.command == "list":
-            for e in entries:
-                mtime = datetime.datetime.fromtimestamp(e.mtime).isoformat(timespec="seconds")
-                print(f"{e.key}  {e.size:>12}  {mtime}")
-        print(f"total {total} bytes ({format_bytes(total)}) in {len(entries)} entries, {cache.directory}")
-        inductor = cache.inductor_size()
-        if inductor:
-            print(f"plus {inductor} bytes ({format_bytes(inductor)}) of Inductor's working cache in "
-                  f"{os.path.join(cache.directory, INDUCTOR_SUBDIR)} (removed by clear)")
-        return 0
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,8 +10,8 @@ and the working paths we name.
   or a bare index; ``device="neuron"`` fails inside safetensors with ``device neuron is invalid``,
   on Trainium too. :data:`SAFETENSORS_FIX` names the working paths.
 
-Diagnostics listen here (:func:`listen`) to put these in the readiness report; this module imports
-only the runtime layer, so the device module can use it.
+Diagnostics listen here (:func:`listen`) to put these in the readiness report. :func:`install`
+gives ``torch.neuron`` the Inductor hooks that raise.
 """
 from __future__ import annotations
 
@@ -81,3 +81,12 @@ def is_neuron_device_arg(device) -> bool:
     """Whether a safetensors ``device`` argument names neuron by its name (which safetensors rejects)."""
     text = device.type if hasattr(device, "type") and not isinstance(device, str) else device
     return isinstance(text, str) and text.split(":", 1)[0] in (BACKEND_NAME, "privateuseone")
+
+
+def install() -> None:
+    """``torch.neuron`` answers Inductor's questions for a device's code generators with
+    :data:`NO_INDUCTOR_BACKEND`: one clear error naming backend="neuron" at its first use of a neuron graph."""
+    from torch_neuronx import neuron
+
+    for name, hook in NO_INDUCTOR_BACKEND.items():
+        setattr(neuron, name, hook)

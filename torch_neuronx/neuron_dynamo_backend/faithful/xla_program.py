@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from torch_neuronx.neuron_dynamo_backend.lowering import INSTALL_HINT, FrontEndMissing
+from torch_neuronx.neuron_dynamo_backend.faithful.lowering import INSTALL_HINT, FrontEndMissing
 
 # XLA passes left out: each would make the results differ from the program's own arithmetic.
 DISABLED_XLA_PASSES = ("algsimp",)

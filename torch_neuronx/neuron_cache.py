@@ -1,0 +1,69 @@
+"""``neuron-cache [--dir PATH] {list,size,clear}``: inspect or clear the compile cache (TorchNeuron's
+NEFF cache layout, :mod:`torch_neuronx.neuron_dynamo_backend.caching.neff_cache`). Also
+``python -m torch_neuronx.neuron_cache``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache
+from torch_neuronx.runtime import format_bytes
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, returned as exit status 2 by main()
+        raise _UsageError(message)
+
+
+def main(argv=None) -> int:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=argparse.SUPPRESS, help="cache directory "
+                        "(default: $TORCH_NEURONX_NEFF_CACHE_DIR or /tmp/neff_cache)")
+    parser = _Parser(prog="neuron-cache", parents=[common],
+                     description="Inspect or clear the torch_neuronx compile cache.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("list", parents=[common], help="one line per entry, then a total")
+    commands.add_parser("size", parents=[common], help="total size and entry count")
+    commands.add_parser("clear", parents=[common], help="remove every entry")
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    try:
+        cache = neff_cache.NeffCache(getattr(args, "dir", None))
+    except ValueError as e:  # a bad environment variable
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "clear":
+            print(f"removed {cache.clear()} entries from {cache.directory}")
+            return 0
+        entries = cache.entries()
+        total = sum(e.size for e in entries)
+        if args.command == "list":
+            for e in entries:
+                mtime = datetime.datetime.fromtimestamp(e.mtime).isoformat(timespec="seconds")
+                print(f"{e.key}  {e.size:>12}  {mtime}")
+        print(f"total {total} bytes ({format_bytes(total)}) in {len(entries)} entries, {cache.directory}")
+        inductor = cache.inductor_size()
+        if inductor:
+            print(f"plus {inductor} bytes ({format_bytes(inductor)}) of Inductor's working cache in "
+                  f"{os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)} (removed by clear)")
+        return 0
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The ``inductor`` executor (the default): the host graph compiled by Inductor for CPU, as Inductor
+compiles any CPU graph, through the compile cache (:mod:`.caching.graph_cache`). Results equal
+``torch.compile(backend="inductor")`` on CPU bit for bit.
+
+While the readiness report observes, or artifacts are kept, the graph is also lowered to StableHLO
+as TorchNeuron would (:func:`.faithful.lower_for_readiness`), beside Inductor's code.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from torch_neuronx.neuron_dynamo_backend import faithful
+from torch_neuronx.neuron_dynamo_backend.caching import graph_cache, precompile
+from torch_neuronx.neuron_dynamo_backend.faithful import artifacts
+from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph, copy_graph_module
+from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
+from torch_neuronx.runtime import warn_once
+
+
+def compile_for_inductor(host: HostGraph, settings: faithful.CompileSettings,
+                         metrics: GraphMetrics) -> tuple[Callable, bool]:
+    """(the compiled graph, whether Dynamo's package of the function now holds it)."""
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    start = time.perf_counter()
+    if settings.on_lowered is not None or artifacts.preserved():
+        _check_lowering(host, settings)
+    key = graph_cache.graph_key(host.gm, host.inputs, {"grad_enabled": torch.is_grad_enabled()})
+    with graph_cache.inductor_settings(graph_cache.inputs_share_storage(host.inputs)):
+        compiled, hit, compile_s = graph_cache.compile_with_cache(key, lambda: compile_fx(host.gm, host.inputs))
+    metrics.lower_us = (time.perf_counter() - start - compile_s) * 1e6
+    metrics.compile_us = compile_s * 1e6
+    metrics.cache = "hit" if hit else "miss"
+    # Dynamo is packaging this function (caching precompile): give it the graph, unless lifted
+    # tensors, which a new process would not have, are part of its call.
+    packaged = (precompile.active() and bool(host.backend_id) and not host.lifted
+                and precompile.record_graph(host.backend_id, compiled))
+    return compiled, packaged
+
+
+def _check_lowering(host: HostGraph, settings: faithful.CompileSettings) -> None:
+    """Lower the graph as TorchNeuron would, for the readiness report and the artifacts. Whatever
+    happens here, the graph still compiles and runs."""
+    try:
+        faithful.lower_for_readiness(copy_graph_module(host.gm), host.inputs, settings)
+    except Exception as error:  # noqa: BLE001 - a check, never a failure of the compile
+        if settings.on_lowered is not None:
+            settings.on_lowered(error, 0.0)
+        else:
+            warn_once(("lowering", type(error).__name__), f"torch_neuronx: {artifacts.PRESERVE_ENV} is set, but "
+                      f"the graph could not be lowered to StableHLO: {error}")
