@@ -38,10 +38,12 @@ import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
+common.apply_malloc_env()
+
+import bench_eager  # noqa: E402  (its PreLNBlock)
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -95,7 +97,7 @@ def forward_variants():
     torch.manual_seed(0)
     model = SmallTransformer().eval()
     x = transformer_input()
-    neuron_model, xn = bench_eager.to_neuron(model), x.to("neuron")
+    neuron_model, xn = common.to_neuron(model), x.to("neuron")
     inductor = torch.compile(copy.deepcopy(model), backend="inductor", **COMPILE_KW)
     compiled = compile_neuron(copy.deepcopy(neuron_model))
     return {
@@ -171,7 +173,7 @@ def measure(key, name, variants, budget_s, target):
     print(f"  {name}: compiled (first call) in {first_call_s['inductor_cpu']:.1f} s (Inductor CPU), "
           f"{first_call_s['neuron_compiled']:.1f} s (neuron)", file=sys.stderr, flush=True)
 
-    samples, inner, rounds = bench_eager.interleaved_samples(
+    samples, inner, rounds = common.interleaved_samples(
         {v: (lambda f=variants[v]: f()) for v in VARIANTS}, budget_s)
     ratios = sorted(n / i for i, n in zip(samples["inductor_cpu"], samples["neuron_compiled"]))
     result = {
@@ -295,7 +297,7 @@ def spawn_child(mode, cache_dir, threads, precompile=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", mode]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    return bench_eager.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
+    return common.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
 
 
 def _median_min_max(values):
@@ -521,14 +523,14 @@ def main():
     if opts.json:
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "malloc_env": bench_eager._MALLOC_ENV}
+                    "malloc_env": common.MALLOC_ENV}
             ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
             json.dump({"meta": meta, "ratios": ratios, "targets": target_entries(results, compile_results),
                        "results": results, "compile": compile_results}, f, indent=1)
     misses = [r["name"] for r in results if not r["pass"]]
     misses += [k for k, r in (compile_results or {}).items() if r.get("pass") is False or "error" in r]
     warnings = [r["name"] for r in results if not r["equal_to_inductor"]]
-    bench_eager.report_outcome(misses, warnings, "WARNING: compiled neuron differs from Inductor CPU in")
+    common.report_outcome(misses, warnings, "WARNING: compiled neuron differs from Inductor CPU in")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ import statistics
 import sys
 import time
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing.
-import bench_eager  # noqa: E402
+import common  # beside this script (sys.path[0])
+
+# First: re-exec this script when the MALLOC_* settings are missing.
+common.apply_malloc_env()
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -82,10 +83,10 @@ def measure(name, fn, args_by_side, variants, budget_s, target=None):
     for v in variants:  # warm up (allocator caches, lazy init, the observer's first signature)
         args = args_by_side["cpu" if v == "cpu" else "neuron"]
         set_level(v)
-        bench_eager.time_loop(fn, args, 3)
-        per_call = bench_eager.time_loop(fn, args, 5) / 1e6
-        inner[v] = max(1, round(bench_eager.CHUNK_S / per_call))
-    round_s = len(variants) * bench_eager.CHUNK_S
+        common.time_loop(fn, args, 3)
+        per_call = common.time_loop(fn, args, 5) / 1e6
+        inner[v] = max(1, round(common.CHUNK_S / per_call))
+    round_s = len(variants) * common.CHUNK_S
     rounds = max(10, int(budget_s / round_s))
     samples = {v: [] for v in variants}
     try:
@@ -93,7 +94,7 @@ def measure(name, fn, args_by_side, variants, budget_s, target=None):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
             for v in order if (r // len(variants)) % 2 == 0 else reversed(order):
                 set_level(v)
-                samples[v].append(bench_eager.time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
+                samples[v].append(common.time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
     finally:
         diagnostics.stop()
         diagnostics.observer.clear()  # what level 2 collected: not needed
@@ -171,7 +172,7 @@ def build_cases(scale):
     return [
         (SMALL_OP, torch.add, add_args, ops, 30 * scale, LEVEL_TARGET_US),
         ("matmul 256x256", torch.mm, mm_args, ops, 20 * scale, None),
-        (MLP_CASE, bench_eager.forward, (mlp, x), ("cpu", "l1", "l2"),
+        (MLP_CASE, common.module_forward, (mlp, x), ("cpu", "l1", "l2"),
          15 * scale, None),
     ]
 
@@ -217,7 +218,7 @@ def main():
     results = []
     with torch.no_grad():
         for name, fn, cpu_args, variants, budget, target in build_cases(opts.scale):
-            args = {"cpu": cpu_args, "neuron": tuple(bench_eager.to_neuron(a) for a in cpu_args)}
+            args = {"cpu": cpu_args, "neuron": tuple(common.to_neuron(a) for a in cpu_args)}
             results.append(measure(name, fn, args, list(variants), budget, target))
             r = results[-1]
             print(f"  {name}: " + " / ".join(f"{r['us'][v]:.2f}" for v in variants) + " µs ("
@@ -230,7 +231,7 @@ def main():
     if opts.json:
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "malloc_env": bench_eager._MALLOC_ENV}
+                    "loadavg_end": load_end, "total_s": total_s, "malloc_env": common.MALLOC_ENV}
             by_name = {r["name"]: r for r in results}
             targets = [
                 target_entry("observing: small op (+µs over not observing)", by_name[SMALL_OP]["l2_over_l1_us"],
@@ -240,7 +241,7 @@ def main():
             json.dump({"meta": meta, "targets": targets, "observing": observing, "results": results}, f, indent=1)
     misses = [f"{r['name']} (level 1 over level 0)" for r in results if r.get("pass") is False]
     misses += [f"observing {name}" for name, s in observing.items() if not s["pass"]]
-    bench_eager.report_outcome(misses, failures)
+    common.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

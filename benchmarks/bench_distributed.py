@@ -36,10 +36,11 @@ import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; torchrun's workers inherit them.
+common.apply_malloc_env()
+
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -129,9 +130,9 @@ def allreduce_worker(out_path):
         tensors = {v: torch.zeros(n, device=d) for v, (_, d) in groups.items()}
         fns = {v: (lambda g=groups[v][0], t=tensors[v]: dist.all_reduce(t, group=g)) for v in AR_VARIANTS}
         for v in AR_VARIANTS:  # warm-up (Gloo's buffers, the checks' first exchange)
-            bench_eager.time_loop(fns[v], (), 3)
+            common.time_loop(fns[v], (), 3)
         # Both ranks must run the same number of collectives: agree on the slowest estimate.
-        per_call = torch.tensor([max(bench_eager.time_loop(fns[v], (), 3) for v in AR_VARIANTS) / 1e6])
+        per_call = torch.tensor([max(common.time_loop(fns[v], (), 3) for v in AR_VARIANTS) / 1e6])
         dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=gloo)
         per_call = per_call.item()
         inner = max(1, round(AR_CHUNK_S / per_call))
@@ -143,7 +144,7 @@ def allreduce_worker(out_path):
         for r in range(rounds):
             order = AR_VARIANTS[r % 3:] + AR_VARIANTS[:r % 3]
             for v in order if (r // 3) % 2 == 0 else reversed(order):
-                samples[v].append(bench_eager.time_loop(fns[v], (), inner))
+                samples[v].append(common.time_loop(fns[v], (), inner))
         gc.enable()
         base = samples["gloo_cpu"]
         ratios = {key: [x / a for a, x in zip(base, samples[v])]
@@ -403,7 +404,7 @@ def main():
     if opts.json:
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load, "loadavg_end": load_end,
-                    "malloc_env": bench_eager._MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
+                    "malloc_env": common.MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
             ar_out = dict(ar, small_target=small_target(ar)) if "sizes" in ar else ar
             json.dump({"meta": meta, "targets": target_entries(ar), "allreduce": ar_out,
                        "tp": {str(k): v for k, v in tp.items()}}, f, indent=1)
@@ -414,7 +415,7 @@ def main():
     failures = [f"all_reduce {_size(r['bytes'])} wrong" for r in ar.get("sizes", []) if not r["correct"]]
     failures += ["all_reduce"] if "error" in ar else []
     failures += [f"TP {k}" for k, r in tp.items() if "error" in r or r["max_abs_diff"] >= TP_TOLERANCE]
-    bench_eager.report_outcome(misses, failures)
+    common.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
+common.apply_malloc_env()
+
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -140,7 +141,7 @@ def spawn_child(label, cache_dir, opts, image_path):
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
         return {"label": label, "error": f"timed out after {CHILD_TIMEOUT_S} s", "stderr": stderr[-4000:]}
-    return bench_eager.child_result(proc, CHILD_MARK, time.time() - t0, label=label)
+    return common.child_result(proc, CHILD_MARK, time.time() - t0, label=label)
 
 
 def startup_cases(cache_dir, opts, image_dir):
@@ -333,13 +334,13 @@ def main():
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
                     "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
-                    "dtype": "float32", "malloc_env": bench_eager._MALLOC_ENV}
+                    "dtype": "float32", "malloc_env": common.MALLOC_ENV}
             json.dump({"meta": meta, "run_time": rt, "startup": startup}, f, indent=1)
     misses = [LABELS[v] for v, ok in rt["pass"].items() if not ok]
     failures = [k for k, r in startup.items() if "error" in r]
     failures += [] if rt["images_agree"] else ["images differ from CPU eager"]
     failures += [k for k, r in startup.items() if r.get("max_abs_diff_vs_cpu", 0.0) >= TOLERANCE]
-    bench_eager.report_outcome(misses, failures)
+    common.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,13 @@ import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
-import bench_compile  # noqa: E402
-import bench_pipeline  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
+common.apply_malloc_env()
+
+import bench_compile  # noqa: E402  (its models: the same transformer and MLP)
+import bench_pipeline  # noqa: E402  (the same demo pipeline, its rounds and options)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -154,7 +155,7 @@ def measure_forward(budget_s, lowering_rows):
           + "; max abs diff vs CPU eager " + ", ".join(f"{v} {diffs[v]:.3g}" for v in EXECUTORS),
           file=sys.stderr, flush=True)
     fns = {v: variants[v] for v in VARIANTS}
-    samples, inner, rounds = bench_eager.interleaved_samples(fns, budget_s)
+    samples, inner, rounds = common.interleaved_samples(fns, budget_s)
     for v in EXECUTORS:  # the largest difference, over a few more calls
         diffs[v] = max(diffs[v], *(_max_diff(fns[v](), outputs["cpu_eager"]) for _ in range(3)))
     result = {
@@ -248,7 +249,7 @@ def spawn_child(executor, cache_dir, threads):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"executor": executor, "error": f"timed out after {CHILD_TIMEOUT_S} s", "stderr": ""}
-    return bench_eager.child_result(proc, CHILD_MARK, time.time() - t0, executor=executor)
+    return common.child_result(proc, CHILD_MARK, time.time() - t0, executor=executor)
 
 
 def startup_cases(threads):
@@ -374,11 +375,11 @@ def main():
         with open(opts.json, "w") as f:
             meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
                     "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
-                    "malloc_env": bench_eager._MALLOC_ENV}
+                    "malloc_env": common.MALLOC_ENV}
             json.dump({"meta": meta, "lowering": lowering_rows, "per_call": per_call, "startup": startup}, f,
                       indent=1)
     failures = [k for k, r in startup.items() if "error" in r or r.get("fell_back")]
-    bench_eager.report_outcome([], failures)
+    common.report_outcome([], failures)
 
 
 if __name__ == "__main__":
