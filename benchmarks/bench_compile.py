@@ -183,7 +183,7 @@ def measure(key, name, variants, budget_s, target):
         "rounds": rounds,
         **{f"{v}_us": statistics.median(samples[v]) for v in VARIANTS},
         "ratio": statistics.median(ratios),
-        "ratio_spread": _spread(ratios),
+        "ratio_spread": common.nearest_rank_percentiles(ratios),
         "ratio_rounds": ratios,
         "eager_ratio": statistics.median(n / c for c, n in zip(samples["cpu_eager"], samples["neuron_eager"])),
         "first_call_s": first_call_s,
@@ -197,13 +197,6 @@ def measure(key, name, variants, budget_s, target):
     print(f"  {name}: " + " / ".join(f"{result[v + '_us']:.1f}" for v in VARIANTS) + " µs, ratio "
           f"{result['ratio']:.3f} ({_spread_text(result['ratio_spread'])})", file=sys.stderr, flush=True)
     return result
-
-
-def _spread(ratios):
-    """Percentiles of the per-round ratios: how far one round strays from the median."""
-    def at(q):
-        return ratios[min(len(ratios) - 1, round(q * (len(ratios) - 1)))]
-    return {"p10": at(0.1), "p25": at(0.25), "p75": at(0.75), "p90": at(0.9), "rounds": len(ratios)}
 
 
 # ---------------------------------------------------------------- compile time, in child processes
@@ -300,10 +293,6 @@ def spawn_child(mode, cache_dir, threads, precompile=False):
     return common.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
 
 
-def _median_min_max(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def warm_start_cases(threads, rounds):
     """Per round, in a fresh cache directory: a cold start (caching precompile on, so it stores the whole
     function too), then a warm start with the graph cache only and one with the precompiled function."""
@@ -325,16 +314,16 @@ def warm_start_cases(threads, rounds):
     for label in ("warm", "warm_precompiled"):
         pairs = list(zip(runs["cold"], runs[label]))
         summary[label] = {
-            "wall_s": _median_min_max([w["wall_s"] for _, w in pairs]),
-            "cold_over_warm_wall": _median_min_max([c["wall_s"] / w["wall_s"] for c, w in pairs]),
+            "wall_s": common.median_min_max([w["wall_s"] for _, w in pairs], n=True),
+            "cold_over_warm_wall": common.median_min_max([c["wall_s"] / w["wall_s"] for c, w in pairs], n=True),
             "frames_traced": [w["frames_traced"] for _, w in pairs],
             "same_output_as_cold": all(c["output_sha256"] == w["output_sha256"] for c, w in pairs),
         }
-    summary["cold_wall_s"] = _median_min_max([c["wall_s"] for c in runs["cold"]])
+    summary["cold_wall_s"] = common.median_min_max([c["wall_s"] for c in runs["cold"]], n=True)
     # No warm start that runs the graph can be shorter than these imports: cold / floor bounds the ratio.
-    summary["import_floor_s"] = _median_min_max([f["wall_s"] for f in runs["import_floor"]])
-    summary["cold_over_import_floor"] = _median_min_max([c["wall_s"] / f["wall_s"]
-                                                         for c, f in zip(runs["cold"], runs["import_floor"])])
+    summary["import_floor_s"] = common.median_min_max([f["wall_s"] for f in runs["import_floor"]], n=True)
+    summary["cold_over_import_floor"] = common.median_min_max(
+        [c["wall_s"] / f["wall_s"] for c, f in zip(runs["cold"], runs["import_floor"])], n=True)
     precompiled = summary["warm_precompiled"]
     summary["ratio"] = precompiled["cold_over_warm_wall"]["median"]
     summary["pass"] = (summary["ratio"] >= summary["target"] and precompiled["same_output_as_cold"]

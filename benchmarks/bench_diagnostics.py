@@ -19,7 +19,6 @@ and the interquartile range of the per-round values, and kept in the JSON under
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import statistics
@@ -30,6 +29,8 @@ import common  # beside this script (sys.path[0])
 
 # First: re-exec this script when the MALLOC_* settings are missing.
 common.apply_malloc_env()
+
+from common import time_loop  # noqa: E402
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -69,32 +70,25 @@ def set_level(variant):
     torch.ops.neuron._set_op_tracking_level({"l0": 0, "l2": 2}.get(variant, 1))
 
 
-def median_ci(values, z=1.96):
-    """The median and a distribution-free ~95% confidence interval (order statistics)."""
-    s, n = sorted(values), len(values)
-    half = z * math.sqrt(n) / 2
-    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half))
-    return statistics.median(s), s[lo], s[hi]
-
-
 def measure(name, fn, args_by_side, variants, budget_s, target=None):
-    """Interleaved rounds of every variant; each sample is a loop of about CHUNK_S."""
+    """Interleaved rounds of every variant (common.round_order), each sample a loop of about
+    common.CHUNK_S: unlike common.interleaved_samples, the calls per sample are sized for each
+    variant on its own, and each sample first switches the tracking level."""
     inner = {}
     for v in variants:  # warm up (allocator caches, lazy init, the observer's first signature)
         args = args_by_side["cpu" if v == "cpu" else "neuron"]
         set_level(v)
-        common.time_loop(fn, args, 3)
-        per_call = common.time_loop(fn, args, 5) / 1e6
+        time_loop(fn, args, 3)
+        per_call = time_loop(fn, args, 5) / 1e6
         inner[v] = max(1, round(common.CHUNK_S / per_call))
     round_s = len(variants) * common.CHUNK_S
     rounds = max(10, int(budget_s / round_s))
     samples = {v: [] for v in variants}
     try:
         for r in range(rounds):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            for v in order if (r // len(variants)) % 2 == 0 else reversed(order):
+            for v in common.round_order(variants, r):
                 set_level(v)
-                samples[v].append(common.time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
+                samples[v].append(time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
     finally:
         diagnostics.stop()
         diagnostics.observer.clear()  # what level 2 collected: not needed
@@ -104,7 +98,7 @@ def measure(name, fn, args_by_side, variants, budget_s, target=None):
               "us": {v: statistics.median(samples[v]) for v in variants},
               "ratio": {v: statistics.median(x / c for c, x in zip(cpu, samples[v])) for v in variants if v != "cpu"}}
     if "l0" in variants:
-        result["over_l0_us"] = {v: median_ci([x - z for z, x in zip(samples["l0"], samples[v])])
+        result["over_l0_us"] = {v: common.median_ci([x - z for z, x in zip(samples["l0"], samples[v])])
                                 for v in variants if v not in ("cpu", "l0")}
     if target:
         result["pass"] = result["over_l0_us"]["l1"][0] < target
@@ -116,10 +110,8 @@ def measure(name, fn, args_by_side, variants, budget_s, target=None):
 
 def spread(values, target):
     """The median of per-round values, its 95% CI, their interquartile range, the target and whether it is met."""
-    median, lo, hi = median_ci(values)
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return {"median": median, "ci95": [lo, hi], "iqr": [q1, q3], "rounds": len(values), "target": target,
-            "pass": median <= target}
+    summary = common.median_ci_iqr(values)
+    return {**summary, "target": target, "pass": summary["median"] <= target}
 
 
 def observing_summary(results):

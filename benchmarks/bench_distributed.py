@@ -129,22 +129,18 @@ def allreduce_worker(out_path):
         # zeros costs Gloo what adding any other floats does.
         tensors = {v: torch.zeros(n, device=d) for v, (_, d) in groups.items()}
         fns = {v: (lambda g=groups[v][0], t=tensors[v]: dist.all_reduce(t, group=g)) for v in AR_VARIANTS}
-        for v in AR_VARIANTS:  # warm-up (Gloo's buffers, the checks' first exchange)
-            common.time_loop(fns[v], (), 3)
-        # Both ranks must run the same number of collectives: agree on the slowest estimate.
-        per_call = torch.tensor([max(common.time_loop(fns[v], (), 3) for v in AR_VARIANTS) / 1e6])
-        dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=gloo)
-        per_call = per_call.item()
-        inner = max(1, round(AR_CHUNK_S / per_call))
-        rounds = max(10, int(AR_BUDGET_S / (len(AR_VARIANTS) * inner * per_call)))
-        samples = {v: [] for v in AR_VARIANTS}
-        gc.collect()
+
+        def slowest_on_any_rank(per_call_s):
+            """Both ranks must run the same number of collectives: agree on the slowest estimate."""
+            per_call = torch.tensor([per_call_s])
+            dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=gloo)
+            return per_call.item()
+
+        # Warm-up (Gloo's buffers, the checks' first exchange), then the rounds. No barrier between
+        # samples: the collectives themselves keep the ranks in step.
         gc.disable()  # a collection inside one variant's loop is noise (and would stall the peer)
-        # No barrier between samples: the collectives themselves keep the ranks in step.
-        for r in range(rounds):
-            order = AR_VARIANTS[r % 3:] + AR_VARIANTS[:r % 3]
-            for v in order if (r // 3) % 2 == 0 else reversed(order):
-                samples[v].append(common.time_loop(fns[v], (), inner))
+        samples, inner, rounds = common.interleaved_samples(fns, AR_BUDGET_S, chunk_s=AR_CHUNK_S,
+                                                            agree=slowest_on_any_rank)
         gc.enable()
         base = samples["gloo_cpu"]
         ratios = {key: [x / a for a, x in zip(base, samples[v])]
@@ -156,17 +152,12 @@ def allreduce_worker(out_path):
             "correct": correct,
             **{f"{v}_us": statistics.median(samples[v]) for v in AR_VARIANTS},
             **{key: statistics.median(r) for key, r in ratios.items()},
-            **{f"{key}_{q}": x for key, r in ratios.items() for q, x in zip(("q1", "q3"), _quartiles(r))},
+            **{f"{key}_{q}": x for key, r in ratios.items() for q, x in zip(("q1", "q3"), common.quartiles(r))},
             "samples": samples,
         })
         del tensors, fns
     _report(out_path, {"world": world, "threads": torch.get_num_threads(), "sizes": results})
     dist.destroy_process_group()
-
-
-def _quartiles(values):
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return q1, q3
 
 
 def small_target(ar):

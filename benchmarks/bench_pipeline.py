@@ -39,7 +39,6 @@ import common  # beside this script (sys.path[0])
 # First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
 common.apply_malloc_env()
 
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
 
@@ -258,16 +257,15 @@ def markdown(rt, startup, opts, load, load_end, total_s):
 
 def timed_rounds(pipes: dict, variants, opts, on_image=None) -> dict:
     """``opts.rounds`` rounds of one generation per variant, in an order that rotates and then
-    reverses, collecting garbage between calls only; returns seconds per call by variant.
-    ``on_image(variant, image)`` sees each image."""
+    reverses (common.round_order), collecting garbage between calls only; returns seconds per call
+    by variant. ``on_image(variant, image)`` sees each image. (Not common.interleaved_samples: one
+    call per sample, a fixed number of rounds, and a collection after every call.)"""
     samples = {v: [] for v in variants}
-    n = len(variants)
     gc.collect()
     gc.disable()  # collections between the calls only, never inside one
     try:
         for r in range(opts.rounds):
-            order = list(variants[r % n:]) + list(variants[:r % n])
-            for v in order if (r // n) % 2 == 0 else reversed(order):
+            for v in common.round_order(variants, r):
                 start = time.perf_counter()
                 image = generate(pipes[v], opts.size, opts.steps)
                 samples[v].append(time.perf_counter() - start)

@@ -77,10 +77,6 @@ def _max_diff(a, b):
     return float((a - b).abs().max()) if isinstance(a, torch.Tensor) else float(np.abs(a - b).max())
 
 
-def _spread(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 # ---------------------------------------------------------------- lowering
 
 def _lowering_row(name, run):
@@ -160,7 +156,7 @@ def measure_forward(budget_s, lowering_rows):
         diffs[v] = max(diffs[v], *(_max_diff(fns[v](), outputs["cpu_eager"]) for _ in range(3)))
     result = {
         "name": "transformer fwd (4 pre-LN blocks, b4 s128 d256)", "unit": "µs", "inner": inner, "rounds": rounds,
-        "per_call": {v: _spread(samples[v]) for v in VARIANTS},
+        "per_call": {v: common.median_min_max(samples[v]) for v in VARIANTS},
         "ratio_xla_to_inductor": statistics.median(x / i for i, x in zip(samples["inductor"], samples["xla"])),
         "max_abs_diff_vs_cpu_eager": diffs, "first_call_s": first_call_s, "samples": samples,
     }
@@ -201,7 +197,7 @@ def measure_pipeline(opts, lowering_rows):
     samples = bench_pipeline.timed_rounds(pipes, VARIANTS, opts, compare)
     return {
         "name": f"demo pipeline, {opts.size}x{opts.size}, {opts.steps} steps", "unit": "s", "rounds": opts.rounds,
-        "per_call": {v: _spread(samples[v]) for v in VARIANTS},
+        "per_call": {v: common.median_min_max(samples[v]) for v in VARIANTS},
         "ratio_xla_to_inductor": statistics.median(x / i for i, x in zip(samples["inductor"], samples["xla"])),
         "max_abs_diff_vs_cpu_eager": diffs, "first_call_s": first_call_s, "samples": samples,
     }

@@ -1,17 +1,19 @@
 """What the benchmark scripts share: the malloc settings they run under, the timing loop and the
-interleaved rounds, child processes, the summary line.
+interleaved rounds, child processes, the statistics of per-round values, the summary line.
 
 Every script sits beside this module (sys.path[0]) and starts with
 
     import common
     common.apply_malloc_env()  # before torch: may re-exec the script
 
-Importing this module has no side effects and does not import torch.
+Importing this module has no side effects and does not import torch, so `targets.py` can use it too.
 """
 import copy
 import gc
 import json
+import math
 import os
+import statistics
 import sys
 import time
 
@@ -56,24 +58,83 @@ def time_loop(fn, args, n):
     return (time.perf_counter_ns() - start) / n / 1e3  # µs per call
 
 
-def interleaved_samples(fns: dict, budget_s: float) -> tuple[dict, int, int]:
-    """Time each callable of ``fns`` in samples of about CHUNK_S, in rounds whose order rotates and
-    then reverses, so drift hits every variant alike. Returns (µs per call samples by variant, calls
+def round_order(variants, r):
+    """The order of the variants in round ``r``: rotated by r, and reversed every other cycle of
+    len(variants) rounds, so each variant runs before and after each other one alike."""
+    n = len(variants)
+    order = list(variants[r % n:]) + list(variants[:r % n])
+    return order if (r // n) % 2 == 0 else order[::-1]
+
+
+def sample_size(per_call_s, budget_s, n_variants, chunk_s=CHUNK_S):
+    """(calls per sample, rounds): samples of about ``chunk_s``, rounds of every variant filling
+    ``budget_s``, at least 10."""
+    inner = max(1, round(chunk_s / per_call_s))
+    return inner, max(10, int(budget_s / (n_variants * inner * per_call_s)))
+
+
+def interleaved_samples(fns: dict, budget_s: float, args: dict | None = None, chunk_s: float = CHUNK_S,
+                        agree=None) -> tuple[dict, int, int]:
+    """Time each callable of ``fns`` (called with ``args[variant]``, none by default) in samples of
+    about ``chunk_s``, in rounds whose order rotates and then reverses (round_order), so drift hits
+    every variant alike. ``agree(per_call_s)`` may replace the estimate of the slowest call (several
+    processes must run the same number of calls). Returns (µs per call samples by variant, calls
     per sample, rounds)."""
     variants = list(fns)
+    args = args or dict.fromkeys(variants, ())
     for v in variants:  # warm-up (allocator caches, lazy init, an optimizer's first step)
-        time_loop(fns[v], (), 3)
-    per_call = max(time_loop(fns[v], (), 3) for v in variants) / 1e6
-    inner = max(1, round(CHUNK_S / per_call))
-    rounds = max(10, int(budget_s / (len(variants) * inner * per_call)))
+        time_loop(fns[v], args[v], 3)
+    per_call = max(time_loop(fns[v], args[v], 3) for v in variants) / 1e6
+    if agree is not None:
+        per_call = agree(per_call)
+    inner, rounds = sample_size(per_call, budget_s, len(variants), chunk_s)
     samples = {v: [] for v in variants}
     gc.collect()
-    n = len(variants)
     for r in range(rounds):
-        order = variants[r % n:] + variants[:r % n]
-        for v in order if (r // n) % 2 == 0 else reversed(order):
-            samples[v].append(time_loop(fns[v], (), inner))
+        for v in round_order(variants, r):
+            samples[v].append(time_loop(fns[v], args[v], inner))
     return samples, inner, rounds
+
+
+# ---------------------------------------------------------------- statistics of per-round values
+
+def quartiles(values):
+    """(q1, q3) of ``values`` (statistics.quantiles, its default 'exclusive' method)."""
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q1, q3
+
+
+def median_ci(values, z=1.96):
+    """The median and a distribution-free ~95% confidence interval (order statistics)."""
+    s, n = sorted(values), len(values)
+    half = z * math.sqrt(n) / 2
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half))
+    return statistics.median(s), s[lo], s[hi]
+
+
+def median_ci_iqr(values):
+    """The median of per-round values, its 95% CI (median_ci), their interquartile range, the rounds."""
+    median, lo, hi = median_ci(values)
+    q1, q3 = quartiles(values)
+    return {"median": median, "ci95": [lo, hi], "iqr": [q1, q3], "rounds": len(values)}
+
+
+def nearest_rank_percentiles(values):
+    """The 10th, 25th, 75th and 90th percentiles of per-round values, each the sorted value at the
+    nearest rank (no interpolation), and the rounds: how far one round strays from the median."""
+    values = sorted(values)
+
+    def at(q):
+        return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+    return {"p10": at(0.1), "p25": at(0.25), "p75": at(0.75), "p90": at(0.9), "rounds": len(values)}
+
+
+def median_min_max(values, n=False):
+    """The median and the extremes of ``values``; with ``n``, also their count."""
+    result = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    if n:
+        result["n"] = len(values)
+    return result
 
 
 # ---------------------------------------------------------------- child processes

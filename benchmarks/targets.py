@@ -9,6 +9,8 @@ import json
 import statistics
 import sys
 
+import common  # beside this file (sys.path[0]); it imports no torch and re-execs nothing
+
 
 def target(name, per_round, limit, higher_is_better=False, unit="x"):
     """One target's entry: `per_round` holds the value (a ratio, or µs) measured in each round."""
@@ -17,7 +19,7 @@ def target(name, per_round, limit, higher_is_better=False, unit="x"):
         return {"name": name, "rounds": 0, "limit": limit, "unit": unit, "pass": False,
                 "higher_is_better": higher_is_better, "error": "no measurement"}
     if len(values) >= 4:
-        q1, _, q3 = statistics.quantiles(values, n=4)
+        q1, q3 = common.quartiles(values)
     else:
         q1, q3 = values[0], values[-1]
     median = statistics.median(values)
