@@ -33,7 +33,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -274,7 +273,7 @@ def run_child(mode):
         "frames_traced": counters["stats"]["unique_graphs"],
         "dynamo_cache": dict(counters["dynamo_cache"]),
         "wall_s": wall_s,
-        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "backend_s": common.backend_s(metrics),
         "graphs": len(metrics),
         "caches": [m["cache"] for m in metrics],
         "fell_back": any(m["fell_back"] for m in metrics),
@@ -288,9 +287,7 @@ def spawn_child(mode, cache_dir, threads, precompile=False):
     env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=cache_dir, TORCH_CACHING_PRECOMPILE="1" if precompile else "0")
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the backend keeps Inductor's cache in the NEFF directory
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", mode]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    return common.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
+    return common.run_child_process(cmd, env, CHILD_MARK, CHILD_TIMEOUT_S, mode=mode)
 
 
 def warm_start_cases(threads, rounds):
@@ -357,12 +354,9 @@ def compile_time_cases(threads, rounds):
 
 
 def _log_child(label, r):
-    if "error" in r:
-        print(f"  {label} compile: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
-    else:
-        print(f"  {label} compile: backend {r['backend_s']:.2f} s, compile + first call {r['wall_s']:.2f} s, "
-              f"{r['graphs']} graph(s) {r['caches']}, {r['frames_traced']} frame(s) traced", file=sys.stderr,
-              flush=True)
+    common.log_child(f"{label} compile", r, lambda r: (
+        f"backend {r['backend_s']:.2f} s, compile + first call {r['wall_s']:.2f} s, "
+        f"{r['graphs']} graph(s) {r['caches']}, {r['frames_traced']} frame(s) traced"))
 
 
 # ---------------------------------------------------------------- report
@@ -477,9 +471,7 @@ def target_entries(results, compile_results):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
+    parser = common.arguments(__doc__)
     parser.add_argument("--only", choices=("train", "forward"),
                         help="run only this run-time case (no compile-time cases)")
     parser.add_argument("--compile-rounds", type=int, default=2, metavar="N",
@@ -494,7 +486,7 @@ def main():
         run_child(opts._child)
         return
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     gc.disable()  # a collection landing inside one variant's loop is noise
     results = []
     if not opts.compile_only and opts.only in (None, "forward"):
@@ -510,12 +502,12 @@ def main():
 
     print(markdown(results, compile_results, opts.threads, load))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "malloc_env": common.MALLOC_ENV}
-            ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
-            json.dump({"meta": meta, "ratios": ratios, "targets": target_entries(results, compile_results),
-                       "results": results, "compile": compile_results}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "malloc_env": common.MALLOC_ENV}
+        ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
+        targets = target_entries(results, compile_results)
+        common.write_json(opts.json, {"meta": meta, "ratios": ratios, "targets": targets, "results": results,
+                                      "compile": compile_results})
     misses = [r["name"] for r in results if not r["pass"]]
     misses += [k for k, r in (compile_results or {}).items() if r.get("pass") is False or "error" in r]
     warnings = [r["name"] for r in results if not r["equal_to_inductor"]]

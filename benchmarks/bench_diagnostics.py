@@ -16,9 +16,7 @@ and the interquartile range of the per-round values, and kept in the JSON under
 
     python benchmarks/bench_diagnostics.py [--json PATH] [--threads N] [--scale X]
 """
-import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -195,13 +193,11 @@ def markdown(results, threads, load, load_end, total_s):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (every variant)")
+    parser = common.arguments(__doc__, threads=1)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every case's time budget")
     opts = parser.parse_args()
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     torch.set_num_threads(opts.threads)  # one process, so every variant shares the setting
     failures = check_levels()
@@ -216,21 +212,20 @@ def main():
             print(f"  {name}: " + " / ".join(f"{r['us'][v]:.2f}" for v in variants) + " µs ("
                   + ", ".join(variants) + ")", file=sys.stderr, flush=True)
     gc.enable()
-    load_end, total_s = os.getloadavg()[0], time.perf_counter() - start
+    load_end, total_s = common.load_average(), time.perf_counter() - start
     print(markdown(results, opts.threads, load, load_end, total_s))
     observing = observing_summary(results)
     print("\n" + "\n".join(observing_lines(observing)))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "malloc_env": common.MALLOC_ENV}
-            by_name = {r["name"]: r for r in results}
-            targets = [
-                target_entry("observing: small op (+µs over not observing)", by_name[SMALL_OP]["l2_over_l1_us"],
-                             OBSERVING_TARGET_US, unit="µs"),
-                target_entry("observing: MLP forward (observed/not observed)", by_name[MLP_CASE]["l2_over_l1_ratio"],
-                             OBSERVING_TARGET_RATIO)]
-            json.dump({"meta": meta, "targets": targets, "observing": observing, "results": results}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "loadavg_end": load_end, "total_s": total_s, "malloc_env": common.MALLOC_ENV}
+        by_name = {r["name"]: r for r in results}
+        targets = [
+            target_entry("observing: small op (+µs over not observing)", by_name[SMALL_OP]["l2_over_l1_us"],
+                         OBSERVING_TARGET_US, unit="µs"),
+            target_entry("observing: MLP forward (observed/not observed)", by_name[MLP_CASE]["l2_over_l1_ratio"],
+                         OBSERVING_TARGET_RATIO)]
+        common.write_json(opts.json, {"meta": meta, "targets": targets, "observing": observing, "results": results})
     misses = [f"{r['name']} (level 1 over level 0)" for r in results if r.get("pass") is False]
     misses += [f"observing {name}" for name, s in observing.items() if not s["pass"]]
     common.report_outcome(misses, failures)

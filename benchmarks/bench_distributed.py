@@ -87,8 +87,7 @@ def launch(nproc, worker, threads=None, checks=None):
             return {"error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:]}
         result = json.loads(text)
     except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        return {"error": f"timed out after {LAUNCH_TIMEOUT_S} s", "stderr": stderr[-4000:]}
+        return common.timed_out(e, LAUNCH_TIMEOUT_S)
     finally:
         os.unlink(out_path)
     result["launch_s"] = time.perf_counter() - start
@@ -360,8 +359,7 @@ def run_tp(schedule):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    parser = common.arguments(__doc__, threads=False)
     parser.add_argument("--tp-threads", type=int, default=1,
                         help="intra-op threads per rank in the tensor-parallel runs (torchrun's default: 1)")
     parser.add_argument("--allreduce-only", action="store_true", help="skip the tensor-parallel launches")
@@ -373,7 +371,7 @@ def main():
     if opts._worker == "tp":
         return tp_worker(opts._out)
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     ar = launch(2, "allreduce")
     if "error" in ar:
@@ -389,16 +387,15 @@ def main():
         middle = []
     tp = {} if opts.allreduce_only else run_tp(pass_ + middle + pass_[::-1])
 
-    load_end = os.getloadavg()[0]
+    load_end = common.load_average()
     print(markdown(ar, tp, load, load_end))
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load, "loadavg_end": load_end,
-                    "malloc_env": common.MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
-            ar_out = dict(ar, small_target=small_target(ar)) if "sizes" in ar else ar
-            json.dump({"meta": meta, "targets": target_entries(ar), "allreduce": ar_out,
-                       "tp": {str(k): v for k, v in tp.items()}}, f, indent=1)
+        meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load, "loadavg_end": load_end,
+                "malloc_env": common.MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
+        ar_out = dict(ar, small_target=small_target(ar)) if "sizes" in ar else ar
+        common.write_json(opts.json, {"meta": meta, "targets": target_entries(ar), "allreduce": ar_out,
+                                      "tp": {str(k): v for k, v in tp.items()}})
     misses = [f"all_reduce {_size(r['bytes'])}" for r in ar.get("sizes", [])
               if r["bytes"] >= AR_TARGET_FROM and max(r["ratio_checked"], r["ratio_unchecked"]) > AR_TARGET]
     small = small_target(ar)

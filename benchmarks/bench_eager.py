@@ -12,9 +12,7 @@ The JSON keeps every sample under "results", each case's summary under "cases" b
 1k elements: cases["add 1k"]["ratio"], with "ratio_q1", "ratio_q3", "overhead_us"), and the targets
 for benchmarks/targets.py under "targets".
 """
-import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -149,12 +147,9 @@ def markdown(results, threads, load):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (both sides)")
-    opts = parser.parse_args()
+    opts = common.arguments(__doc__, threads_help="intra-op threads (both sides)").parse_args()
 
-    load = os.getloadavg()[0]  # other busy processes make per-side medians jumpy; pairs hold up
+    load = common.load_average()  # other busy processes make per-side medians jumpy; pairs hold up
     torch.set_num_threads(opts.threads)  # one process, so both sides share the setting
     gc.disable()  # a collection landing inside one side's loop is noise
     results = []
@@ -166,12 +161,11 @@ def main():
                   f"(IQR {r['ratio_q1']:.3f}–{r['ratio_q3']:.3f})", file=sys.stderr, flush=True)
     print(markdown(results, opts.threads, load))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "loadavg": load, "malloc_env": common.MALLOC_ENV}
-            cases = {r["name"]: {k: v for k, v in r.items() if k not in ("name", "samples", "target_entry")}
-                     for r in results}
-            targets = [r["target_entry"] for r in results if "target_entry" in r]
-            json.dump({"meta": meta, "cases": cases, "targets": targets, "results": results}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "loadavg": load, "malloc_env": common.MALLOC_ENV}
+        cases = {r["name"]: {k: v for k, v in r.items() if k not in ("name", "samples", "target_entry")}
+                 for r in results}
+        targets = [r["target_entry"] for r in results if "target_entry" in r]
+        common.write_json(opts.json, {"meta": meta, "cases": cases, "targets": targets, "results": results})
     common.report_outcome([r["name"] for r in results if r.get("pass") is False])
 
 

@@ -29,7 +29,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -117,7 +116,7 @@ def run_child(label, t0, size, steps, image_path):
         "graphs": len(metrics),
         "caches": [m["cache"] for m in metrics],
         "compile_s": sum(m["compile_us"] for m in metrics) / 1e6,
-        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "backend_s": common.backend_s(metrics),
         "fell_back": any(m["fell_back"] for m in metrics),
         "metrics": metrics,
         "image_sha256": _sha(image),
@@ -135,24 +134,16 @@ def spawn_child(label, cache_dir, opts, image_path):
            "--steps", str(opts.steps), "--_child", label, "--_image", image_path]
     t0 = time.time()
     cmd += ["--_t0", repr(t0)]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        return {"label": label, "error": f"timed out after {CHILD_TIMEOUT_S} s", "stderr": stderr[-4000:]}
-    return common.child_result(proc, CHILD_MARK, time.time() - t0, label=label)
+    return common.run_child_process(cmd, env, CHILD_MARK, CHILD_TIMEOUT_S, t0, label=label)
 
 
 def startup_cases(cache_dir, opts, image_dir):
     results = {}
     for label in ("cold", "warm"):  # one cache directory: the second process finds the first one's entries
         results[label] = spawn_child(label, cache_dir, opts, os.path.join(image_dir, f"{label}.npy"))
-        r = results[label]
-        if "error" in r:
-            print(f"  {label} start: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
-        else:
-            print(f"  {label} start: first call {r['first_call_s']:.1f} s, first image {r['first_image_s']:.1f} s "
-                  f"after launch, {r['graphs']} graph(s) {r['caches']}", file=sys.stderr, flush=True)
+        common.log_child(f"{label} start", results[label], lambda r: (
+            f"first call {r['first_call_s']:.1f} s, first image {r['first_image_s']:.1f} s "
+            f"after launch, {r['graphs']} graph(s) {r['caches']}"))
     return results
 
 
@@ -283,9 +274,7 @@ def pipeline_arguments(doc: str, children, size: int = SIZE, steps: int = STEPS,
                        rounds: int = ROUNDS) -> argparse.ArgumentParser:
     """The options of a benchmark of the pipeline; ``children`` are the values of its hidden
     --_child (the start-up runs it launches as new processes)."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
+    parser = common.arguments(doc)
     parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds (one call of each variant)")
     parser.add_argument("--size", type=int, default=size, help="height and width in pixels")
     parser.add_argument("--steps", type=int, default=steps, help="num_inference_steps")
@@ -304,7 +293,7 @@ def main():
         run_child(opts._child, opts._t0, opts.size, opts.steps, opts._image)
         return
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     print(f"  {opts.size}x{opts.size}, {opts.steps} steps, float32; load average {load:.1f}", file=sys.stderr, flush=True)
     quiet()
@@ -324,16 +313,15 @@ def main():
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
         shutil.rmtree(image_dir, ignore_errors=True)
-    load_end = os.getloadavg()[0]
+    load_end = common.load_average()
     total_s = time.perf_counter() - start
 
     print(markdown(rt, startup, opts, load, load_end, total_s))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
-                    "dtype": "float32", "malloc_env": common.MALLOC_ENV}
-            json.dump({"meta": meta, "run_time": rt, "startup": startup}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
+                "dtype": "float32", "malloc_env": common.MALLOC_ENV}
+        common.write_json(opts.json, {"meta": meta, "run_time": rt, "startup": startup})
     misses = [LABELS[v] for v, ok in rt["pass"].items() if not ok]
     failures = [k for k, r in startup.items() if "error" in r]
     failures += [] if rt["images_agree"] else ["images differ from CPU eager"]

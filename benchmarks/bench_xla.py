@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -224,7 +223,7 @@ def run_child(executor, t0):
         "import_s": imported,
         "first_call_s": first_call_s,
         "first_result_s": first_result_s,
-        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "backend_s": common.backend_s(metrics),
         "lower_s": sum(m["lower_us"] for m in metrics) / 1e6,
         "compile_s": sum(m["compile_us"] for m in metrics) / 1e6,
         "metrics": metrics,
@@ -241,11 +240,7 @@ def spawn_child(executor, cache_dir, threads):
     t0 = time.time()
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", executor,
            "--_t0", repr(t0)]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"executor": executor, "error": f"timed out after {CHILD_TIMEOUT_S} s", "stderr": ""}
-    return common.child_result(proc, CHILD_MARK, time.time() - t0, executor=executor)
+    return common.run_child_process(cmd, env, CHILD_MARK, CHILD_TIMEOUT_S, t0, executor=executor)
 
 
 def startup_cases(threads):
@@ -255,11 +250,9 @@ def startup_cases(threads):
         try:
             for label in ("cold", "warm"):  # one directory: the second process finds the first one's entries
                 r = results[f"{executor} {label}"] = spawn_child(executor, cache_dir, threads)
-                if "error" in r:
-                    print(f"  {executor} {label}: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
-                else:
-                    print(f"  {executor} {label}: first result {r['first_result_s']:.1f} s after launch, backend "
-                          f"{r['backend_s']:.2f} s, {r['caches']}", file=sys.stderr, flush=True)
+                common.log_child(f"{executor} {label}", r, lambda r: (
+                    f"first result {r['first_result_s']:.1f} s after launch, backend "
+                    f"{r['backend_s']:.2f} s, {r['caches']}"))
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
     return results
@@ -337,7 +330,7 @@ def main():
         run_child(opts._child, opts._t0)
         return
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     print(f"  load average {load:.1f}; pipeline {opts.size}x{opts.size}, {opts.steps} steps", file=sys.stderr,
           flush=True)
@@ -363,17 +356,16 @@ def main():
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     startup = startup_cases(opts.threads)
-    load_end = os.getloadavg()[0]
+    load_end = common.load_average()
     total_s = time.perf_counter() - start
 
     print(markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
-                    "malloc_env": common.MALLOC_ENV}
-            json.dump({"meta": meta, "lowering": lowering_rows, "per_call": per_call, "startup": startup}, f,
-                      indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
+                "malloc_env": common.MALLOC_ENV}
+        common.write_json(opts.json, {"meta": meta, "lowering": lowering_rows, "per_call": per_call,
+                                      "startup": startup})
     failures = [k for k, r in startup.items() if "error" in r or r.get("fell_back")]
     common.report_outcome([], failures)
 

@@ -1,5 +1,5 @@
 """What the benchmark scripts share: the malloc settings they run under, the timing loop and the
-interleaved rounds, child processes, the statistics of per-round values, the summary line.
+interleaved rounds, child processes, the statistics of per-round values, the options and the summary line.
 
 Every script sits beside this module (sys.path[0]) and starts with
 
@@ -8,12 +8,14 @@ Every script sits beside this module (sys.path[0]) and starts with
 
 Importing this module has no side effects and does not import torch, so `targets.py` can use it too.
 """
+import argparse
 import copy
 import gc
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -31,6 +33,11 @@ def apply_malloc_env():
     if any(k not in os.environ for k in MALLOC_ENV):
         os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
         os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def load_average():
+    """The 1-minute load average: other busy processes make per-variant medians jumpy."""
+    return os.getloadavg()[0]
 
 
 def to_neuron(a):
@@ -149,7 +156,57 @@ def child_result(proc, mark: str, process_s: float, **identity) -> dict:
     return {**json.loads(lines[-1][len(mark):]), "process_s": process_s}
 
 
+def timed_out(e: subprocess.TimeoutExpired, timeout_s, **identity) -> dict:
+    """What a child process that ran out of time leaves: the error, and the end of its stderr."""
+    stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+    return {**identity, "error": f"timed out after {timeout_s} s", "stderr": stderr[-4000:]}
+
+
+def run_child_process(cmd, env, mark: str, timeout_s, t0=None, **identity) -> dict:
+    """Run ``cmd`` (a benchmark's own child process) and return child_result: the JSON it printed
+    after ``mark`` with "process_s", its wall time, or the error (also when it runs out of time).
+    ``t0``: the time.time() the child was told it starts at (in its command); by default the wall
+    time is perf_counter's, from here."""
+    start, clock = (time.perf_counter(), time.perf_counter) if t0 is None else (t0, time.time)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        return timed_out(e, timeout_s, **identity)
+    return child_result(proc, mark, clock() - start, **identity)
+
+
+def log_child(label, result, summary):
+    """A progress line on stderr for a child process: ``summary(result)``, or its error and the end of
+    its stderr."""
+    if "error" in result:
+        print(f"  {label}: FAILED ({result['error']})\n{result['stderr']}", file=sys.stderr, flush=True)
+    else:
+        print(f"  {label}: {summary(result)}", file=sys.stderr, flush=True)
+
+
+def backend_s(metrics):
+    """Seconds in the neuron backend over the graphs of get_dynamo_metrics(): fx_passes + lower + compile."""
+    return sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6
+
+
 # ---------------------------------------------------------------- report
+
+def arguments(doc, threads=None, threads_help="intra-op threads (every variant)"):
+    """The options every benchmark has: --json, and --threads defaulting to ``threads`` (the
+    number of cores when None; False: no --threads)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    if threads is not False:
+        parser.add_argument("--threads", type=int, default=os.cpu_count() if threads is None else threads,
+                            help=threads_help)
+    return parser
+
+
+def write_json(path, data):
+    """The --json file."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
 
 def report_outcome(misses, failures=(), failure_label="FAILED"):
     """The summary line every benchmark ends with, on stderr: targets missed, checks failed."""
