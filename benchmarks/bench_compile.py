@@ -30,7 +30,6 @@ import gc
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -367,58 +366,56 @@ def _spread_text(spread):
 
 
 def markdown(results, compile_results, threads, load):
+    rows = []
+    for r in results:
+        rows.append([r["name"], f"{r['cpu_eager_us']:.1f}", f"{r['neuron_eager_us']:.1f}",
+                     f"{r['inductor_cpu_us']:.1f}", f"{r['neuron_compiled_us']:.1f}", f"{r['ratio']:.3f}",
+                     _spread_text(r["ratio_spread"]), f"≤ {r['target']:.2f}x", common.verdict(r["pass"])])
+        if not r["equal_to_inductor"]:
+            rows.append([f"⚠ {r['name']}: compiled neuron ≠ Inductor CPU (max abs diff "
+                         f"{r['max_abs_diff_vs_inductor']:.3g})", *[""] * 6, "torch.equal", "WARN"])
     lines = [
-        f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start; median µs per call; the ratio is the median of interleaved "
+        f"{common.conditions(load, threads=threads)}; median µs per call; the ratio is the median of interleaved "
         "per-round pairs (compiled neuron / Inductor CPU).",
         "",
-        "| case | CPU eager µs | neuron eager µs | Inductor CPU µs | neuron compiled µs | ratio vs Inductor "
-        "| ratio over rounds | target | result |",
-        "|---|---:|---:|---:|---:|---:|---|---|---|",
+        common.markdown_table(["case", "CPU eager µs", "neuron eager µs", "Inductor CPU µs", "neuron compiled µs",
+                               "ratio vs Inductor", "ratio over rounds", "target", "result"], rows, align="lrrrrrlll"),
     ]
-    for r in results:
-        lines.append(
-            f"| {r['name']} | {r['cpu_eager_us']:.1f} | {r['neuron_eager_us']:.1f} | {r['inductor_cpu_us']:.1f} | "
-            f"{r['neuron_compiled_us']:.1f} | {r['ratio']:.3f} | {_spread_text(r['ratio_spread'])} | "
-            f"≤ {r['target']:.2f}x | "
-            f"{'PASS' if r['pass'] else 'MISS'} |")
-        if not r["equal_to_inductor"]:
-            lines.append(f"| ⚠ {r['name']}: compiled neuron ≠ Inductor CPU (max abs diff "
-                         f"{r['max_abs_diff_vs_inductor']:.3g}) | | | | | | | torch.equal | WARN |")
     if compile_results is None:
         return "\n".join(lines)
-    lines += [
-        "",
-        "Compile time of the neuron backend, each in a fresh process: backend s = Σ over graphs of "
-        "fx_passes + lower + compile (get_dynamo_metrics); wall s = compile call + first call.",
-        "",
-        "| case | backend s | wall s | graphs | cache | ratio | target | result |",
-        "|---|---:|---:|---:|---|---:|---|---|",
-    ]
-    rows = (
+    cases = (
         ("cold", "transformer fwd, cold (fresh cache dir)", None),
         ("warm", "transformer fwd, warm (same cache dir, new process): the backend's own time, not the start",
          "cold / warm backend s"),
         ("whole", "6 blocks: torch.compile(whole model)", None),
         ("repeated", "6 blocks: compile_repeated_blocks", "repeated / whole wall s"),
     )
-    for key, label, ratio_label in rows:
+    rows = []
+    for key, label, ratio_label in cases:
         r = compile_results[key]
         if "error" in r:
-            lines.append(f"| {label} | — | — | — | — | — | — | FAILED: {r['error']} |")
+            rows.append([label, *["—"] * 6, f"FAILED: {r['error']}"])
             continue
-        caches = ", ".join(f"{c} ×{r['caches'].count(c)}" for c in sorted(set(r["caches"])))
         ratio = target = result = "—"
         if "ratio" in r:
             ratio = f"{r['ratio']:.1f}x {ratio_label}" if key == "warm" else f"{r['ratio']:.2f}x {ratio_label}"
             target = "backend s ≥ 10x, all 'hit'" if key == "warm" else "≤ 0.50x"
-            result = "PASS" if r["pass"] else "MISS"
-        lines.append(f"| {label} | {r['backend_s']:.2f} | {r['wall_s']:.2f} | {r['graphs']} | {caches} | "
-                     f"{ratio} | {target} | {result} |")
+            result = common.verdict(r["pass"])
+        rows.append([label, f"{r['backend_s']:.2f}", f"{r['wall_s']:.2f}", r["graphs"], common.counts_text(r["caches"]),
+                     ratio, target, result])
     warm = compile_results["warm"]
     if "same_output_as_cold" in warm and not warm["same_output_as_cold"]:
-        lines.append("| ⚠ warm output ≠ cold output | | | | | | bitwise | WARN |")
-    lines += ["", *warm_start_markdown(compile_results["warm_start"])]
+        rows.append(["⚠ warm output ≠ cold output", *[""] * 5, "bitwise", "WARN"])
+    lines += [
+        "",
+        "Compile time of the neuron backend, each in a fresh process: backend s = Σ over graphs of "
+        "fx_passes + lower + compile (get_dynamo_metrics); wall s = compile call + first call.",
+        "",
+        common.markdown_table(["case", "backend s", "wall s", "graphs", "cache", "ratio", "target", "result"], rows,
+                              align="lrrrlrll"),
+        "",
+        *warm_start_markdown(compile_results["warm_start"]),
+    ]
     return "\n".join(lines)
 
 
@@ -426,29 +423,28 @@ def warm_start_markdown(summary):
     """The start (compile + first result) of a new process, warm against cold, per round."""
     if "error" in summary:
         return [f"Warm start: FAILED ({summary['error']})"]
-    lines = [
-        f"Start of a new process (compile + first result), transformer fwd, {summary['rounds']} round(s), each "
-        "with its own cold process and cache; ratio = cold wall / warm wall, median [min, max] over rounds.",
-        "",
-        "| start | wall s median [min, max] | frames traced | cold / warm | target | result |",
-        "|---|---:|---:|---:|---|---|",
-        f"| cold (empty cache) | {_median_min_max_text(summary['cold_wall_s'])} | — | — | — | — |",
-    ]
+    rows = [["cold (empty cache)", _median_min_max_text(summary["cold_wall_s"]), "—", "—", "—", "—"]]
     for label, title in (("warm", "warm, graph cache (Dynamo traces)"),
                          ("warm_precompiled", "warm, precompiled function (TORCH_CACHING_PRECOMPILE=1)")):
         r = summary[label]
         target = result = "—"
         if label == "warm_precompiled":
-            target, result = f"≥ {summary['target']:.0f}x, 0 traced", "PASS" if summary["pass"] else "MISS"
-        lines.append(f"| {title} | {_median_min_max_text(r['wall_s'])} | {max(r['frames_traced'])} | "
-                     f"{_median_min_max_text(r['cold_over_warm_wall'], 'x')} | {target} | {result} |")
+            target, result = f"≥ {summary['target']:.0f}x, 0 traced", common.verdict(summary["pass"])
+        rows.append([title, _median_min_max_text(r["wall_s"]), max(r["frames_traced"]),
+                     _median_min_max_text(r["cold_over_warm_wall"], "x"), target, result])
         if not r["same_output_as_cold"]:
-            lines.append(f"| ⚠ {title}: output ≠ cold output | | | | bitwise | WARN |")
-    lines.append(f"| floor: importing Dynamo and the modules Inductor's generated code imports | "
-                 f"{_median_min_max_text(summary['import_floor_s'])} | — | "
-                 f"{_median_min_max_text(summary['cold_over_import_floor'], 'x')} (the most any warm start can "
-                 f"reach) | — | — |")
-    return lines
+            rows.append([f"⚠ {title}: output ≠ cold output", "", "", "", "bitwise", "WARN"])
+    rows.append(["floor: importing Dynamo and the modules Inductor's generated code imports",
+                 _median_min_max_text(summary["import_floor_s"]), "—",
+                 f"{_median_min_max_text(summary['cold_over_import_floor'], 'x')} (the most any warm start can reach)",
+                 "—", "—"])
+    return [
+        f"Start of a new process (compile + first result), transformer fwd, {summary['rounds']} round(s), each "
+        "with its own cold process and cache; ratio = cold wall / warm wall, median [min, max] over rounds.",
+        "",
+        common.markdown_table(["start", "wall s median [min, max]", "frames traced", "cold / warm", "target", "result"],
+                              rows, align="lrrrll"),
+    ]
 
 
 def _median_min_max_text(spread, unit=""):

@@ -18,7 +18,6 @@ and the interquartile range of the per-round values, and kept in the JSON under
 """
 import gc
 import os
-import platform
 import statistics
 import sys
 import time
@@ -121,7 +120,7 @@ def observing_summary(results):
 
 def observing_lines(summary):
     small, mlp = summary["small_op_us"], summary["mlp_ratio"]
-    verdict = lambda s: "PASS" if s["pass"] else "MISS"  # noqa: E731
+    verdict = lambda s: common.verdict(s["pass"])  # noqa: E731
     return [
         f"Observing (level 2) over the default (level 1), per-round pairs: {SMALL_OP}: "
         f"{small['median']:+.2f} µs per op [95% CI {small['ci95'][0]:+.2f}, {small['ci95'][1]:+.2f}; "
@@ -172,24 +171,22 @@ def fmt_ci(m, lo, hi):
 
 
 def markdown(results, threads, load, load_end, total_s):
-    lines = [
-        f"torch {torch.__version__}, {threads} thread(s), {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s. Median µs per call; "
-        "ratio and +µs are medians of interleaved per-round pairs; [95% CI] of the median difference.",
-        "",
-        "| case | variant | rounds | µs per call | ratio vs CPU | +µs vs level 0 [95% CI] | target | result |",
-        "|---|---|---:|---:|---:|---|---|---|",
-    ]
+    rows = []
     for r in results:
         for v, us in r["us"].items():
             ratio = "—" if v == "cpu" else f"{r['ratio'][v]:.3f}x"
             over = fmt_ci(*r["over_l0_us"][v]) if v in r.get("over_l0_us", {}) else "—"
             target = result = "—"
             if r["target"] and v == "l1":
-                target, result = f"< +{r['target']:g} µs", "PASS" if r["pass"] else "MISS"
-            lines.append(f"| {r['name']} | {LABELS[v]} | {r['rounds']} | {us:.2f} | {ratio} | {over} | "
-                         f"{target} | {result} |")
-    return "\n".join(lines)
+                target, result = f"< +{r['target']:g} µs", common.verdict(r["pass"])
+            rows.append([r["name"], LABELS[v], r["rounds"], f"{us:.2f}", ratio, over, target, result])
+    return "\n".join([
+        f"{common.conditions(load, load_end, total_s, threads, 'thread(s)')}. Median µs per call; "
+        "ratio and +µs are medians of interleaved per-round pairs; [95% CI] of the median difference.",
+        "",
+        common.markdown_table(["case", "variant", "rounds", "µs per call", "ratio vs CPU", "+µs vs level 0 [95% CI]",
+                               "target", "result"], rows, align="llrrrlll"),
+    ])
 
 
 def main():

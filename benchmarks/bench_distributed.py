@@ -29,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -263,8 +262,7 @@ def _size(nbytes):
 
 def markdown(ar, tp, load, load_end):
     cores = os.cpu_count()
-    lines = [f"torch {torch.__version__}, {cores} cores ({platform.machine()}), load average {load:.1f} at start, "
-             f"{load_end:.1f} at the end."]
+    lines = [f"{common.conditions(load, load_end)}."]
     lines += ["", "all_reduce (sum, float32), 2 ranks"]
     if "error" in ar:
         lines.append(f"FAILED: {ar['error']}")
@@ -274,26 +272,28 @@ def markdown(ar, tp, load, load_end):
             "ratios are medians of interleaved per-round pairs. (a) Gloo group, CPU tensors; (b) neuron group, "
             "neuron tensors, checks on (default); (c) neuron group, neuron tensors, checks off.",
             "",
-            "| size | (a) Gloo CPU µs | GB/s | (b) neuron checked µs | GB/s | (c) neuron unchecked µs | GB/s "
-            "| b/a | b/a quartiles | c/a | c/a quartiles | rounds | correct | target | result |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
         ]
+        rows = []
         for r in ar["sizes"]:
             a, b, c = (r[f"{v}_us"] for v in AR_VARIANTS)
             target = result = "—"
             if r["bytes"] >= AR_TARGET_FROM:
                 target = f"≤ {AR_TARGET:.2f}x"
-                result = " / ".join(f"{k} {'PASS' if x <= AR_TARGET else 'MISS'}"
+                result = " / ".join(f"{k} {common.verdict(x <= AR_TARGET)}"
                                     for k, x in (("b", r["ratio_checked"]), ("c", r["ratio_unchecked"])))
             elif r["bytes"] == AR_SMALL_TARGET_AT:
                 target = f"b ≤ {AR_SMALL_TARGET:.2f}x"
-                result = f"b {'PASS' if r['ratio_checked'] <= AR_SMALL_TARGET else 'MISS'}"
-            lines.append(
-                f"| {_size(r['bytes'])} | {a:.0f} | {_gbps(r['bytes'], a)} | {b:.0f} | {_gbps(r['bytes'], b)} "
-                f"| {c:.0f} | {_gbps(r['bytes'], c)} | {r['ratio_checked']:.3f} "
-                f"| {r['ratio_checked_q1']:.2f}–{r['ratio_checked_q3']:.2f} | {r['ratio_unchecked']:.3f} "
-                f"| {r['ratio_unchecked_q1']:.2f}–{r['ratio_unchecked_q3']:.2f} | {r['rounds']} "
-                f"| {'yes' if r['correct'] else 'NO'} | {target} | {result} |")
+                result = f"b {common.verdict(r['ratio_checked'] <= AR_SMALL_TARGET)}"
+            rows.append([
+                _size(r["bytes"]), f"{a:.0f}", _gbps(r["bytes"], a), f"{b:.0f}", _gbps(r["bytes"], b),
+                f"{c:.0f}", _gbps(r["bytes"], c), f"{r['ratio_checked']:.3f}",
+                f"{r['ratio_checked_q1']:.2f}–{r['ratio_checked_q3']:.2f}", f"{r['ratio_unchecked']:.3f}",
+                f"{r['ratio_unchecked_q1']:.2f}–{r['ratio_unchecked_q3']:.2f}", r["rounds"],
+                "yes" if r["correct"] else "NO", target, result])
+        lines.append(common.markdown_table(
+            ["size", "(a) Gloo CPU µs", "GB/s", "(b) neuron checked µs", "GB/s", "(c) neuron unchecked µs", "GB/s",
+             "b/a", "b/a quartiles", "c/a", "c/a quartiles", "rounds", "correct", "target", "result"],
+            rows, align="lrrrrrrrrrrrlll"))
         large = [r for r in ar["sizes"] if r["bytes"] >= AR_TARGET_FROM]
         lines.append("")
         small = small_target(ar)
@@ -317,14 +317,13 @@ def markdown(ar, tp, load, load_end):
         f"max abs diff vs the unsharded CPU model (tolerance {TP_TOLERANCE:g}). Collective checks on (the default) "
         "unless noted.",
         "",
-        "| ranks | threads/rank | launches | ms per forward | speedup vs 1 rank | max abs diff | note |",
-        "|---:|---:|---:|---:|---:|---:|---|",
     ]
+    rows = []
     base = tp[1]["median_ms"] if 1 in tp and "error" not in tp[1] else None
     for key, r in tp.items():
         n = r["ranks"]
         if "error" in r:
-            lines.append(f"| {n} | — | — | — | — | — | FAILED: {r['error']} |")
+            rows.append([n, "—", "—", "—", "—", "—", f"FAILED: {r['error']}"])
             continue
         notes = [r["note"]] if r["note"] else []
         if n * r["threads"] > cores:
@@ -332,9 +331,11 @@ def markdown(ar, tp, load, load_end):
         note = "; ".join(notes)
         diff_ok = "" if r["max_abs_diff"] < TP_TOLERANCE else " ⚠ MISMATCH"
         speedup = f"{base / r['median_ms']:.2f}x" if base else "—"
-        lines.append(f"| {n} | {r['threads']} | {len(r['launches'])} | {r['median_ms']:.1f} | {speedup} "
-                     f"| {r['max_abs_diff']:.2g}{diff_ok} "
-                     f"| {note} |")
+        rows.append([n, r["threads"], len(r["launches"]), f"{r['median_ms']:.1f}", speedup,
+                     f"{r['max_abs_diff']:.2g}{diff_ok}", note])
+    lines.append(common.markdown_table(
+        ["ranks", "threads/rank", "launches", "ms per forward", "speedup vs 1 rank", "max abs diff", "note"],
+        rows, align="rrrrrrl"))
     return "\n".join(lines)
 
 

@@ -13,8 +13,6 @@ The JSON keeps every sample under "results", each case's summary under "cases" b
 for benchmarks/targets.py under "targets".
 """
 import gc
-import os
-import platform
 import statistics
 import sys
 
@@ -125,25 +123,22 @@ def build_cases():
 
 
 def markdown(results, threads, load):
-    lines = [
-        f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start; median µs per call; ratio and overhead are medians of "
-        "interleaved per-round pairs, the ratio's spread their interquartile range.",
-        "",
-        "| case | CPU µs | neuron µs | ratio | ratio IQR | overhead µs | target | result |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
-    ]
+    rows = []
     for r in results:
         target = "—"
         if r["target"]:
             kind, limit = r["target"]
             target = f"≤ {limit:.2f}x" if kind == "ratio" else f"≤ +{limit:g} µs"
-        result = "—" if "pass" not in r else "PASS" if r["pass"] else "MISS"
-        lines.append(
-            f"| {r['name']} | {r['cpu_us']:.2f} | {r['neuron_us']:.2f} | {r['ratio']:.3f} | "
-            f"{r['ratio_q1']:.3f}–{r['ratio_q3']:.3f} | {r['overhead_us']:+.2f} | {target} | {result} |"
-        )
-    return "\n".join(lines)
+        result = "—" if "pass" not in r else common.verdict(r["pass"])
+        rows.append([r["name"], f"{r['cpu_us']:.2f}", f"{r['neuron_us']:.2f}", f"{r['ratio']:.3f}",
+                     f"{r['ratio_q1']:.3f}–{r['ratio_q3']:.3f}", f"{r['overhead_us']:+.2f}", target, result])
+    return "\n".join([
+        f"{common.conditions(load, threads=threads)}; median µs per call; ratio and overhead are medians of "
+        "interleaved per-round pairs, the ratio's spread their interquartile range.",
+        "",
+        common.markdown_table(["case", "CPU µs", "neuron µs", "ratio", "ratio IQR", "overhead µs", "target",
+                               "result"], rows, align="lrrrrrll"),
+    ])
 
 
 def main():

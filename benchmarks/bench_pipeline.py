@@ -26,7 +26,6 @@ import gc
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -185,26 +184,25 @@ def run_time(opts):
 # ---------------------------------------------------------------- report
 
 def markdown(rt, startup, opts, load, load_end, total_s):
-    cores = os.cpu_count()
+    rows = []
+    for v in VARIANTS:
+        if v == "cpu_eager":
+            rows.append([LABELS[v], f"{rt[v + '_s']:.3f}", "—", "—", "—"])
+            continue
+        op, t = TARGETS[v]
+        rows.append([LABELS[v], f"{rt[v + '_s']:.3f}", f"{rt['ratios'][v]:.3f}x", f"{op} {t:.2f}x",
+                     common.verdict(rt["pass"][v])])
     lines = [
-        f"torch {torch.__version__}, {opts.threads} threads, {cores} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s.",
+        f"{common.conditions(load, load_end, total_s, opts.threads)}.",
         "",
         f"The demo's small Flux2-Klein pipeline (built in code), float32, {opts.size}x{opts.size}, "
         f"{opts.steps} steps: median s per whole pipeline call over {rt['rounds']} interleaved rounds; "
         "ratios are medians of the per-round ratios to CPU eager. Compiled: the transformer only "
         "(backend='neuron', fullgraph, static shapes).",
         "",
-        "| variant | s per call | ratio vs CPU eager | target | result |",
-        "|---|---:|---:|---|---|",
+        common.markdown_table(["variant", "s per call", "ratio vs CPU eager", "target", "result"], rows,
+                              align="lrrll"),
     ]
-    for v in VARIANTS:
-        if v == "cpu_eager":
-            lines.append(f"| {LABELS[v]} | {rt[v + '_s']:.3f} | — | — | — |")
-            continue
-        op, t = TARGETS[v]
-        lines.append(f"| {LABELS[v]} | {rt[v + '_s']:.3f} | {rt['ratios'][v]:.3f}x | {op} {t:.2f}x | "
-                     f"{'PASS' if rt['pass'][v] else 'MISS'} |")
     d = rt["max_abs_diff_vs_cpu"]
     lines += ["", f"Images (checked once): max abs diff vs CPU eager: neuron eager {d['neuron_eager']:.3g}, "
                   f"neuron compiled {d['neuron_compiled']:.3g} (tolerance {TOLERANCE:g}): "
@@ -214,6 +212,21 @@ def markdown(rt, startup, opts, load, load_end, total_s):
                  + " (the compiled one loads its graph from the cold run's cache: "
                  + ", ".join(m["cache"] for m in rt["compiled_metrics"]) + ").")
 
+    rows = []
+    for label, text in (("cold", "cold (empty cache dir)"), ("warm", "warm (same dir, new process)")):
+        r = startup[label]
+        if "error" in r:
+            rows.append([text, *["—"] * 6, f"FAILED: {r['error']}", "—"])
+            continue
+        rows.append([text, f"{r['import_s']:.1f}", f"{r['loaded_s']:.1f}", f"{r['first_call_s']:.2f}",
+                     f"{r['first_image_s']:.2f}", f"{r['second_call_s']:.2f}", r["graphs"],
+                     common.counts_text(r["caches"]), f"{r['compile_s']:.2f}"])
+    cold, warm = startup["cold"], startup["warm"]
+    both = "error" not in cold and "error" not in warm
+    if both:
+        rows.append(["cold / warm", "", "", f"{cold['first_call_s'] / warm['first_call_s']:.1f}x",
+                     f"{cold['first_image_s'] / warm['first_image_s']:.1f}x", "", "", "",
+                     f"{cold['compile_s'] / max(warm['compile_s'], 1e-9):.0f}x"])
     lines += [
         "",
         "Start-up of the compiled pipeline, each in a fresh process (load, .to('neuron'), compile the "
@@ -221,24 +234,10 @@ def markdown(rt, startup, opts, load, load_end, total_s):
         "(interpreter, imports, loading included); torch up / pipeline on neuron = from the launch too; "
         "compile s = Σ compile_us of get_dynamo_metrics() (AOTAutograd + Inductor, or the cache load).",
         "",
-        "| run | torch up s | pipeline on neuron s | first call s | first image s | second call s | graphs "
-        "| cache | compile s |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        common.markdown_table(["run", "torch up s", "pipeline on neuron s", "first call s", "first image s",
+                               "second call s", "graphs", "cache", "compile s"], rows, align="lrrrrrrlr"),
     ]
-    for label, text in (("cold", "cold (empty cache dir)"), ("warm", "warm (same dir, new process)")):
-        r = startup[label]
-        if "error" in r:
-            lines.append(f"| {text} | — | — | — | — | — | — | FAILED: {r['error']} | — |")
-            continue
-        caches = ", ".join(f"{c} ×{r['caches'].count(c)}" for c in sorted(set(r["caches"])))
-        lines.append(f"| {text} | {r['import_s']:.1f} | {r['loaded_s']:.1f} | {r['first_call_s']:.2f} | "
-                     f"{r['first_image_s']:.2f} | "
-                     f"{r['second_call_s']:.2f} | {r['graphs']} | {caches} | {r['compile_s']:.2f} |")
-    cold, warm = startup["cold"], startup["warm"]
-    if "error" not in cold and "error" not in warm:
-        lines.append(f"| cold / warm | | | {cold['first_call_s'] / warm['first_call_s']:.1f}x | "
-                     f"{cold['first_image_s'] / warm['first_image_s']:.1f}x | | | | "
-                     f"{cold['compile_s'] / max(warm['compile_s'], 1e-9):.0f}x |")
+    if both:
         same = [f"warm = cold: {'yes' if warm['image_sha256'] == cold['image_sha256'] else 'NO'}",
                 f"cold = this process's compiled: {'yes' if cold['image_sha256'] == rt['compiled_image_sha256'] else 'NO'}"]
         diffs = ", ".join(f"{k} {r['max_abs_diff_vs_cpu']:.3g}" for k, r in startup.items() if "max_abs_diff_vs_cpu" in r)

@@ -22,7 +22,6 @@ launch to the first result, and backend seconds (get_dynamo_metrics: fx_passes +
 import copy
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -261,43 +260,50 @@ def startup_cases(threads):
 # ---------------------------------------------------------------- report
 
 def markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s):
-    lines = [
-        f"torch {torch.__version__}, {opts.threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s.",
+    lowering = []
+    for row in lowering_rows:
+        if row.get("error"):
+            done = ", ".join(f"{g['lower_s']:.2f} s / {g['stablehlo_ops']} ops" for g in row["graphs"])
+            lowering.append([row["name"], f"{'lowered: ' + done + '; ' if done else ''}does not lower: {row['error']}",
+                             "—", "—", "—"])
+            continue
+        for i, g in enumerate(row["graphs"]):
+            kind = ("fw", "bw")[i] if len(row["graphs"]) == 2 else g["graph"]
+            metric = f"{row['metrics_lower_s']:.2f}" if i == 0 else ""
+            lowering.append([row["name"] if i == 0 else "", kind, f"{g['lower_s']:.2f}", g["stablehlo_ops"], metric])
+    calls = []
+    for r in per_call:
+        fmt = (lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f}) µs") if r["unit"] == "µs" else \
+            (lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) s")
+        d = r["max_abs_diff_vs_cpu_eager"]
+        calls.append([f"{r['name']} ({r['rounds']} rounds)", *(fmt(r["per_call"][v]) for v in VARIANTS),
+                      f"{r['ratio_xla_to_inductor']:.2f}x", f"{d['inductor']:.2g}", f"{d['xla']:.2g}"])
+    starts = []
+    for executor in EXECUTORS:
+        cold, warm = startup[f"{executor} cold"], startup[f"{executor} warm"]
+        if "error" in cold or "error" in warm:
+            starts.append([executor, f"FAILED: {cold.get('error') or warm.get('error')}", "", "", "", "", ""])
+            continue
+        starts.append([executor, f"{cold['first_result_s']:.1f} / {warm['first_result_s']:.1f}",
+                       f"{cold['backend_s']:.2f} / {warm['backend_s']:.2f}",
+                       f"{cold['lower_s']:.2f} / {warm['lower_s']:.2f}",
+                       f"{cold['compile_s']:.2f} / {warm['compile_s']:.2f}",
+                       f"{cold['backend_s'] / max(warm['backend_s'], 1e-9):.1f}x", ", ".join(warm["caches"])])
+    return "\n".join([
+        f"{common.conditions(load, load_end, total_s, opts.threads)}.",
         "",
         "Lowering (torch-mlir FxImporter -> StableHLO, TorchNeuron's f64->f32 pass), empty cache: per "
         "AOTAutograd graph, the seconds of the lowering alone and its StableHLO ops; metrics lower s = "
         "Σ lower_us of get_dynamo_metrics() for the case.",
         "",
-        "| case | graph | lower s | StableHLO ops | metrics lower s |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for row in lowering_rows:
-        if row.get("error"):
-            done = ", ".join(f"{g['lower_s']:.2f} s / {g['stablehlo_ops']} ops" for g in row["graphs"])
-            lines.append(f"| {row['name']} | {'lowered: ' + done + '; ' if done else ''}does not lower: "
-                         f"{row['error']} | — | — | — |")
-            continue
-        for i, g in enumerate(row["graphs"]):
-            kind = ("fw", "bw")[i] if len(row["graphs"]) == 2 else g["graph"]
-            metric = f"{row['metrics_lower_s']:.2f}" if i == 0 else ""
-            lines.append(f"| {row['name'] if i == 0 else ''} | {kind} | {g['lower_s']:.2f} | {g['stablehlo_ops']} "
-                         f"| {metric} |")
-    lines += [
+        common.markdown_table(["case", "graph", "lower s", "StableHLO ops", "metrics lower s"], lowering,
+                              align="llrrr"),
         "",
         "Per call: medians (min-max) over interleaved rounds; ratio = median of per-round xla / inductor; "
         "max diff = largest absolute difference from CPU eager over every checked call.",
         "",
-        "| case | CPU eager | inductor | xla | xla / inductor | max diff inductor | max diff xla |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in per_call:
-        fmt = (lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f}) µs") if r["unit"] == "µs" else \
-            (lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) s")
-        d = r["max_abs_diff_vs_cpu_eager"]
-        lines.append(f"| {r['name']} ({r['rounds']} rounds) | " + " | ".join(fmt(r["per_call"][v]) for v in VARIANTS)
-                     + f" | {r['ratio_xla_to_inductor']:.2f}x | {d['inductor']:.2g} | {d['xla']:.2g} |")
-    lines += [
+        common.markdown_table(["case", "CPU eager", "inductor", "xla", "xla / inductor", "max diff inductor",
+                               "max diff xla"], calls, align="lrrrrrr"),
         "",
         "Start-up of the transformer forward, each in a fresh process: first result = seconds from the "
         "process's launch (interpreter, imports included); backend s = Σ fx_passes + lower + compile "
@@ -305,20 +311,10 @@ def markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s):
         "lookup for inductor); compile s = its compile_us (xla: AOTAutograd, XLA's compile or the cache load, "
         "the first import of jax and torch-mlir; inductor: AOTAutograd + Inductor, or the cache load).",
         "",
-        "| executor | first result s cold / warm | backend s cold / warm | lower s cold / warm "
-        "| compile s cold / warm | cold / warm backend | warm cache |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for executor in EXECUTORS:
-        cold, warm = startup[f"{executor} cold"], startup[f"{executor} warm"]
-        if "error" in cold or "error" in warm:
-            lines.append(f"| {executor} | FAILED: {cold.get('error') or warm.get('error')} | | | | | |")
-            continue
-        lines.append(f"| {executor} | {cold['first_result_s']:.1f} / {warm['first_result_s']:.1f} | "
-                     f"{cold['backend_s']:.2f} / {warm['backend_s']:.2f} | "
-                     f"{cold['lower_s']:.2f} / {warm['lower_s']:.2f} | {cold['compile_s']:.2f} / {warm['compile_s']:.2f} | "
-                     f"{cold['backend_s'] / max(warm['backend_s'], 1e-9):.1f}x | {', '.join(warm['caches'])} |")
-    return "\n".join(lines)
+        common.markdown_table(["executor", "first result s cold / warm", "backend s cold / warm",
+                               "lower s cold / warm", "compile s cold / warm", "cold / warm backend", "warm cache"],
+                              starts, align="lrrrrrl"),
+    ])
 
 
 def main():

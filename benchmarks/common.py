@@ -1,5 +1,5 @@
 """What the benchmark scripts share: the malloc settings they run under, the timing loop and the
-interleaved rounds, child processes, the statistics of per-round values, the options and the summary line.
+interleaved rounds, child processes, the statistics of per-round values, and the Markdown table.
 
 Every script sits beside this module (sys.path[0]) and starts with
 
@@ -14,6 +14,7 @@ import gc
 import json
 import math
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -200,6 +201,42 @@ def arguments(doc, threads=None, threads_help="intra-op threads (every variant)"
         parser.add_argument("--threads", type=int, default=os.cpu_count() if threads is None else threads,
                             help=threads_help)
     return parser
+
+
+def conditions(load, load_end=None, total_s=None, threads=None, thread_word="threads"):
+    """The first words of a report: torch, threads, cores, the load average at the start (and the
+    end), the total time."""
+    import torch
+
+    text = f"torch {torch.__version__}, "
+    if threads is not None:
+        text += f"{threads} {thread_word}, "
+    text += f"{os.cpu_count()} cores ({platform.machine()}), load average {load:.1f} at start"
+    if load_end is not None:
+        text += f", {load_end:.1f} at the end"
+    if total_s is not None:
+        text += f"; total {total_s:.0f} s"
+    return text
+
+
+def markdown_table(headers, rows, align=""):
+    """A Markdown table: the header row, the alignment row, then a line per row (a sequence of
+    cells, each str()'d; an empty one stays empty). ``align`` holds a letter per column, "l" (the
+    default for a column it does not reach) or "r"."""
+    def line(cells):
+        return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
+    rule = "|" + "|".join("---:" if a == "r" else "---" for a in align.ljust(len(headers), "l")) + "|"
+    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+def counts_text(items):
+    """Each distinct item with its count, sorted: "hit ×2, miss ×1"."""
+    return ", ".join(f"{c} ×{items.count(c)}" for c in sorted(set(items)))
+
+
+def verdict(met):
+    """A target's result cell."""
+    return "PASS" if met else "MISS"
 
 
 def write_json(path, data):

@@ -34,18 +34,17 @@ def _number(value, unit):
 
 
 def table(entries):
-    lines = ["| target | median | spread over rounds: IQR [min, max] | rounds | limit | result |",
-             "|---|---:|---|---:|---|---|"]
+    rows = []
     for e in entries:
         limit = ("≥ " if e["higher_is_better"] else "≤ ") + _number(e["limit"], e["unit"])
         if "error" in e:
-            lines.append(f"| {e['name']} | — | {e['error']} | 0 | {limit} | MISS |")
+            rows.append([e["name"], "—", e["error"], 0, limit, "MISS"])
             continue
         spread = (f"{_number(e['q1'], e['unit'])}–{_number(e['q3'], e['unit'])} "
                   f"[{_number(e['min'], e['unit'])}, {_number(e['max'], e['unit'])}]")
-        lines.append(f"| {e['name']} | {_number(e['median'], e['unit'])} | {spread} | {e['rounds']} | {limit} | "
-                     f"{'PASS' if e['pass'] else 'MISS'} |")
-    return "\n".join(lines)
+        rows.append([e["name"], _number(e["median"], e["unit"]), spread, e["rounds"], limit, common.verdict(e["pass"])])
+    return common.markdown_table(["target", "median", "spread over rounds: IQR [min, max]", "rounds", "limit",
+                                  "result"], rows, align="lrlrll")
 
 
 def main(paths):
