@@ -30,18 +30,18 @@ import gc
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
+common.apply_malloc_env()
+
+import bench_eager  # noqa: E402  (its PreLNBlock)
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -95,7 +95,7 @@ def forward_variants():
     torch.manual_seed(0)
     model = SmallTransformer().eval()
     x = transformer_input()
-    neuron_model, xn = bench_eager.to_neuron(model), x.to("neuron")
+    neuron_model, xn = common.to_neuron(model), x.to("neuron")
     inductor = torch.compile(copy.deepcopy(model), backend="inductor", **COMPILE_KW)
     compiled = compile_neuron(copy.deepcopy(neuron_model))
     return {
@@ -171,7 +171,7 @@ def measure(key, name, variants, budget_s, target):
     print(f"  {name}: compiled (first call) in {first_call_s['inductor_cpu']:.1f} s (Inductor CPU), "
           f"{first_call_s['neuron_compiled']:.1f} s (neuron)", file=sys.stderr, flush=True)
 
-    samples, inner, rounds = bench_eager.interleaved_samples(
+    samples, inner, rounds = common.interleaved_samples(
         {v: (lambda f=variants[v]: f()) for v in VARIANTS}, budget_s)
     ratios = sorted(n / i for i, n in zip(samples["inductor_cpu"], samples["neuron_compiled"]))
     result = {
@@ -181,7 +181,7 @@ def measure(key, name, variants, budget_s, target):
         "rounds": rounds,
         **{f"{v}_us": statistics.median(samples[v]) for v in VARIANTS},
         "ratio": statistics.median(ratios),
-        "ratio_spread": _spread(ratios),
+        "ratio_spread": common.nearest_rank_percentiles(ratios),
         "ratio_rounds": ratios,
         "eager_ratio": statistics.median(n / c for c, n in zip(samples["cpu_eager"], samples["neuron_eager"])),
         "first_call_s": first_call_s,
@@ -195,13 +195,6 @@ def measure(key, name, variants, budget_s, target):
     print(f"  {name}: " + " / ".join(f"{result[v + '_us']:.1f}" for v in VARIANTS) + " µs, ratio "
           f"{result['ratio']:.3f} ({_spread_text(result['ratio_spread'])})", file=sys.stderr, flush=True)
     return result
-
-
-def _spread(ratios):
-    """Percentiles of the per-round ratios: how far one round strays from the median."""
-    def at(q):
-        return ratios[min(len(ratios) - 1, round(q * (len(ratios) - 1)))]
-    return {"p10": at(0.1), "p25": at(0.25), "p75": at(0.75), "p90": at(0.9), "rounds": len(ratios)}
 
 
 # ---------------------------------------------------------------- compile time, in child processes
@@ -279,7 +272,7 @@ def run_child(mode):
         "frames_traced": counters["stats"]["unique_graphs"],
         "dynamo_cache": dict(counters["dynamo_cache"]),
         "wall_s": wall_s,
-        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "backend_s": common.backend_s(metrics),
         "graphs": len(metrics),
         "caches": [m["cache"] for m in metrics],
         "fell_back": any(m["fell_back"] for m in metrics),
@@ -293,13 +286,7 @@ def spawn_child(mode, cache_dir, threads, precompile=False):
     env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=cache_dir, TORCH_CACHING_PRECOMPILE="1" if precompile else "0")
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the backend keeps Inductor's cache in the NEFF directory
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", mode]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    return bench_eager.child_result(proc, CHILD_MARK, time.perf_counter() - start, mode=mode)
-
-
-def _median_min_max(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return common.run_child_process(cmd, env, CHILD_MARK, CHILD_TIMEOUT_S, mode=mode)
 
 
 def warm_start_cases(threads, rounds):
@@ -323,16 +310,16 @@ def warm_start_cases(threads, rounds):
     for label in ("warm", "warm_precompiled"):
         pairs = list(zip(runs["cold"], runs[label]))
         summary[label] = {
-            "wall_s": _median_min_max([w["wall_s"] for _, w in pairs]),
-            "cold_over_warm_wall": _median_min_max([c["wall_s"] / w["wall_s"] for c, w in pairs]),
+            "wall_s": common.median_min_max([w["wall_s"] for _, w in pairs], n=True),
+            "cold_over_warm_wall": common.median_min_max([c["wall_s"] / w["wall_s"] for c, w in pairs], n=True),
             "frames_traced": [w["frames_traced"] for _, w in pairs],
             "same_output_as_cold": all(c["output_sha256"] == w["output_sha256"] for c, w in pairs),
         }
-    summary["cold_wall_s"] = _median_min_max([c["wall_s"] for c in runs["cold"]])
+    summary["cold_wall_s"] = common.median_min_max([c["wall_s"] for c in runs["cold"]], n=True)
     # No warm start that runs the graph can be shorter than these imports: cold / floor bounds the ratio.
-    summary["import_floor_s"] = _median_min_max([f["wall_s"] for f in runs["import_floor"]])
-    summary["cold_over_import_floor"] = _median_min_max([c["wall_s"] / f["wall_s"]
-                                                         for c, f in zip(runs["cold"], runs["import_floor"])])
+    summary["import_floor_s"] = common.median_min_max([f["wall_s"] for f in runs["import_floor"]], n=True)
+    summary["cold_over_import_floor"] = common.median_min_max(
+        [c["wall_s"] / f["wall_s"] for c, f in zip(runs["cold"], runs["import_floor"])], n=True)
     precompiled = summary["warm_precompiled"]
     summary["ratio"] = precompiled["cold_over_warm_wall"]["median"]
     summary["pass"] = (summary["ratio"] >= summary["target"] and precompiled["same_output_as_cold"]
@@ -366,12 +353,9 @@ def compile_time_cases(threads, rounds):
 
 
 def _log_child(label, r):
-    if "error" in r:
-        print(f"  {label} compile: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
-    else:
-        print(f"  {label} compile: backend {r['backend_s']:.2f} s, compile + first call {r['wall_s']:.2f} s, "
-              f"{r['graphs']} graph(s) {r['caches']}, {r['frames_traced']} frame(s) traced", file=sys.stderr,
-              flush=True)
+    common.log_child(f"{label} compile", r, lambda r: (
+        f"backend {r['backend_s']:.2f} s, compile + first call {r['wall_s']:.2f} s, "
+        f"{r['graphs']} graph(s) {r['caches']}, {r['frames_traced']} frame(s) traced"))
 
 
 # ---------------------------------------------------------------- report
@@ -382,58 +366,56 @@ def _spread_text(spread):
 
 
 def markdown(results, compile_results, threads, load):
+    rows = []
+    for r in results:
+        rows.append([r["name"], f"{r['cpu_eager_us']:.1f}", f"{r['neuron_eager_us']:.1f}",
+                     f"{r['inductor_cpu_us']:.1f}", f"{r['neuron_compiled_us']:.1f}", f"{r['ratio']:.3f}",
+                     _spread_text(r["ratio_spread"]), f"≤ {r['target']:.2f}x", common.verdict(r["pass"])])
+        if not r["equal_to_inductor"]:
+            rows.append([f"⚠ {r['name']}: compiled neuron ≠ Inductor CPU (max abs diff "
+                         f"{r['max_abs_diff_vs_inductor']:.3g})", *[""] * 6, "torch.equal", "WARN"])
     lines = [
-        f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start; median µs per call; the ratio is the median of interleaved "
+        f"{common.conditions(load, threads=threads)}; median µs per call; the ratio is the median of interleaved "
         "per-round pairs (compiled neuron / Inductor CPU).",
         "",
-        "| case | CPU eager µs | neuron eager µs | Inductor CPU µs | neuron compiled µs | ratio vs Inductor "
-        "| ratio over rounds | target | result |",
-        "|---|---:|---:|---:|---:|---:|---|---|---|",
+        common.markdown_table(["case", "CPU eager µs", "neuron eager µs", "Inductor CPU µs", "neuron compiled µs",
+                               "ratio vs Inductor", "ratio over rounds", "target", "result"], rows, align="lrrrrrlll"),
     ]
-    for r in results:
-        lines.append(
-            f"| {r['name']} | {r['cpu_eager_us']:.1f} | {r['neuron_eager_us']:.1f} | {r['inductor_cpu_us']:.1f} | "
-            f"{r['neuron_compiled_us']:.1f} | {r['ratio']:.3f} | {_spread_text(r['ratio_spread'])} | "
-            f"≤ {r['target']:.2f}x | "
-            f"{'PASS' if r['pass'] else 'MISS'} |")
-        if not r["equal_to_inductor"]:
-            lines.append(f"| ⚠ {r['name']}: compiled neuron ≠ Inductor CPU (max abs diff "
-                         f"{r['max_abs_diff_vs_inductor']:.3g}) | | | | | | | torch.equal | WARN |")
     if compile_results is None:
         return "\n".join(lines)
-    lines += [
-        "",
-        "Compile time of the neuron backend, each in a fresh process: backend s = Σ over graphs of "
-        "fx_passes + lower + compile (get_dynamo_metrics); wall s = compile call + first call.",
-        "",
-        "| case | backend s | wall s | graphs | cache | ratio | target | result |",
-        "|---|---:|---:|---:|---|---:|---|---|",
-    ]
-    rows = (
+    cases = (
         ("cold", "transformer fwd, cold (fresh cache dir)", None),
         ("warm", "transformer fwd, warm (same cache dir, new process): the backend's own time, not the start",
          "cold / warm backend s"),
         ("whole", "6 blocks: torch.compile(whole model)", None),
         ("repeated", "6 blocks: compile_repeated_blocks", "repeated / whole wall s"),
     )
-    for key, label, ratio_label in rows:
+    rows = []
+    for key, label, ratio_label in cases:
         r = compile_results[key]
         if "error" in r:
-            lines.append(f"| {label} | — | — | — | — | — | — | FAILED: {r['error']} |")
+            rows.append([label, *["—"] * 6, f"FAILED: {r['error']}"])
             continue
-        caches = ", ".join(f"{c} ×{r['caches'].count(c)}" for c in sorted(set(r["caches"])))
         ratio = target = result = "—"
         if "ratio" in r:
             ratio = f"{r['ratio']:.1f}x {ratio_label}" if key == "warm" else f"{r['ratio']:.2f}x {ratio_label}"
             target = "backend s ≥ 10x, all 'hit'" if key == "warm" else "≤ 0.50x"
-            result = "PASS" if r["pass"] else "MISS"
-        lines.append(f"| {label} | {r['backend_s']:.2f} | {r['wall_s']:.2f} | {r['graphs']} | {caches} | "
-                     f"{ratio} | {target} | {result} |")
+            result = common.verdict(r["pass"])
+        rows.append([label, f"{r['backend_s']:.2f}", f"{r['wall_s']:.2f}", r["graphs"], common.counts_text(r["caches"]),
+                     ratio, target, result])
     warm = compile_results["warm"]
     if "same_output_as_cold" in warm and not warm["same_output_as_cold"]:
-        lines.append("| ⚠ warm output ≠ cold output | | | | | | bitwise | WARN |")
-    lines += ["", *warm_start_markdown(compile_results["warm_start"])]
+        rows.append(["⚠ warm output ≠ cold output", *[""] * 5, "bitwise", "WARN"])
+    lines += [
+        "",
+        "Compile time of the neuron backend, each in a fresh process: backend s = Σ over graphs of "
+        "fx_passes + lower + compile (get_dynamo_metrics); wall s = compile call + first call.",
+        "",
+        common.markdown_table(["case", "backend s", "wall s", "graphs", "cache", "ratio", "target", "result"], rows,
+                              align="lrrrlrll"),
+        "",
+        *warm_start_markdown(compile_results["warm_start"]),
+    ]
     return "\n".join(lines)
 
 
@@ -441,29 +423,28 @@ def warm_start_markdown(summary):
     """The start (compile + first result) of a new process, warm against cold, per round."""
     if "error" in summary:
         return [f"Warm start: FAILED ({summary['error']})"]
-    lines = [
-        f"Start of a new process (compile + first result), transformer fwd, {summary['rounds']} round(s), each "
-        "with its own cold process and cache; ratio = cold wall / warm wall, median [min, max] over rounds.",
-        "",
-        "| start | wall s median [min, max] | frames traced | cold / warm | target | result |",
-        "|---|---:|---:|---:|---|---|",
-        f"| cold (empty cache) | {_median_min_max_text(summary['cold_wall_s'])} | — | — | — | — |",
-    ]
+    rows = [["cold (empty cache)", _median_min_max_text(summary["cold_wall_s"]), "—", "—", "—", "—"]]
     for label, title in (("warm", "warm, graph cache (Dynamo traces)"),
                          ("warm_precompiled", "warm, precompiled function (TORCH_CACHING_PRECOMPILE=1)")):
         r = summary[label]
         target = result = "—"
         if label == "warm_precompiled":
-            target, result = f"≥ {summary['target']:.0f}x, 0 traced", "PASS" if summary["pass"] else "MISS"
-        lines.append(f"| {title} | {_median_min_max_text(r['wall_s'])} | {max(r['frames_traced'])} | "
-                     f"{_median_min_max_text(r['cold_over_warm_wall'], 'x')} | {target} | {result} |")
+            target, result = f"≥ {summary['target']:.0f}x, 0 traced", common.verdict(summary["pass"])
+        rows.append([title, _median_min_max_text(r["wall_s"]), max(r["frames_traced"]),
+                     _median_min_max_text(r["cold_over_warm_wall"], "x"), target, result])
         if not r["same_output_as_cold"]:
-            lines.append(f"| ⚠ {title}: output ≠ cold output | | | | bitwise | WARN |")
-    lines.append(f"| floor: importing Dynamo and the modules Inductor's generated code imports | "
-                 f"{_median_min_max_text(summary['import_floor_s'])} | — | "
-                 f"{_median_min_max_text(summary['cold_over_import_floor'], 'x')} (the most any warm start can "
-                 f"reach) | — | — |")
-    return lines
+            rows.append([f"⚠ {title}: output ≠ cold output", "", "", "", "bitwise", "WARN"])
+    rows.append(["floor: importing Dynamo and the modules Inductor's generated code imports",
+                 _median_min_max_text(summary["import_floor_s"]), "—",
+                 f"{_median_min_max_text(summary['cold_over_import_floor'], 'x')} (the most any warm start can reach)",
+                 "—", "—"])
+    return [
+        f"Start of a new process (compile + first result), transformer fwd, {summary['rounds']} round(s), each "
+        "with its own cold process and cache; ratio = cold wall / warm wall, median [min, max] over rounds.",
+        "",
+        common.markdown_table(["start", "wall s median [min, max]", "frames traced", "cold / warm", "target", "result"],
+                              rows, align="lrrrll"),
+    ]
 
 
 def _median_min_max_text(spread, unit=""):
@@ -486,9 +467,7 @@ def target_entries(results, compile_results):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
+    parser = common.arguments(__doc__)
     parser.add_argument("--only", choices=("train", "forward"),
                         help="run only this run-time case (no compile-time cases)")
     parser.add_argument("--compile-rounds", type=int, default=2, metavar="N",
@@ -503,7 +482,7 @@ def main():
         run_child(opts._child)
         return
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     gc.disable()  # a collection landing inside one variant's loop is noise
     results = []
     if not opts.compile_only and opts.only in (None, "forward"):
@@ -519,16 +498,16 @@ def main():
 
     print(markdown(results, compile_results, opts.threads, load))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "malloc_env": bench_eager._MALLOC_ENV}
-            ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
-            json.dump({"meta": meta, "ratios": ratios, "targets": target_entries(results, compile_results),
-                       "results": results, "compile": compile_results}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "malloc_env": common.MALLOC_ENV}
+        ratios = {r["key"]: {"ratio": r["ratio"], **r["ratio_spread"], "target": r["target"]} for r in results}
+        targets = target_entries(results, compile_results)
+        common.write_json(opts.json, {"meta": meta, "ratios": ratios, "targets": targets, "results": results,
+                                      "compile": compile_results})
     misses = [r["name"] for r in results if not r["pass"]]
     misses += [k for k, r in (compile_results or {}).items() if r.get("pass") is False or "error" in r]
     warnings = [r["name"] for r in results if not r["equal_to_inductor"]]
-    bench_eager.report_outcome(misses, warnings, "WARNING: compiled neuron differs from Inductor CPU in")
+    common.report_outcome(misses, warnings, "WARNING: compiled neuron differs from Inductor CPU in")
 
 
 if __name__ == "__main__":

@@ -16,19 +16,18 @@ and the interquartile range of the per-round values, and kept in the JSON under
 
     python benchmarks/bench_diagnostics.py [--json PATH] [--threads N] [--scale X]
 """
-import argparse
 import gc
-import json
-import math
 import os
-import platform
 import statistics
 import sys
 import time
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing.
-import bench_eager  # noqa: E402
+import common  # beside this script (sys.path[0])
+
+# First: re-exec this script when the MALLOC_* settings are missing.
+common.apply_malloc_env()
+
+from common import time_loop  # noqa: E402
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -68,32 +67,25 @@ def set_level(variant):
     torch.ops.neuron._set_op_tracking_level({"l0": 0, "l2": 2}.get(variant, 1))
 
 
-def median_ci(values, z=1.96):
-    """The median and a distribution-free ~95% confidence interval (order statistics)."""
-    s, n = sorted(values), len(values)
-    half = z * math.sqrt(n) / 2
-    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half))
-    return statistics.median(s), s[lo], s[hi]
-
-
 def measure(name, fn, args_by_side, variants, budget_s, target=None):
-    """Interleaved rounds of every variant; each sample is a loop of about CHUNK_S."""
+    """Interleaved rounds of every variant (common.round_order), each sample a loop of about
+    common.CHUNK_S: unlike common.interleaved_samples, the calls per sample are sized for each
+    variant on its own, and each sample first switches the tracking level."""
     inner = {}
     for v in variants:  # warm up (allocator caches, lazy init, the observer's first signature)
         args = args_by_side["cpu" if v == "cpu" else "neuron"]
         set_level(v)
-        bench_eager.time_loop(fn, args, 3)
-        per_call = bench_eager.time_loop(fn, args, 5) / 1e6
-        inner[v] = max(1, round(bench_eager.CHUNK_S / per_call))
-    round_s = len(variants) * bench_eager.CHUNK_S
+        time_loop(fn, args, 3)
+        per_call = time_loop(fn, args, 5) / 1e6
+        inner[v] = max(1, round(common.CHUNK_S / per_call))
+    round_s = len(variants) * common.CHUNK_S
     rounds = max(10, int(budget_s / round_s))
     samples = {v: [] for v in variants}
     try:
         for r in range(rounds):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            for v in order if (r // len(variants)) % 2 == 0 else reversed(order):
+            for v in common.round_order(variants, r):
                 set_level(v)
-                samples[v].append(bench_eager.time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
+                samples[v].append(time_loop(fn, args_by_side["cpu" if v == "cpu" else "neuron"], inner[v]))
     finally:
         diagnostics.stop()
         diagnostics.observer.clear()  # what level 2 collected: not needed
@@ -103,7 +95,7 @@ def measure(name, fn, args_by_side, variants, budget_s, target=None):
               "us": {v: statistics.median(samples[v]) for v in variants},
               "ratio": {v: statistics.median(x / c for c, x in zip(cpu, samples[v])) for v in variants if v != "cpu"}}
     if "l0" in variants:
-        result["over_l0_us"] = {v: median_ci([x - z for z, x in zip(samples["l0"], samples[v])])
+        result["over_l0_us"] = {v: common.median_ci([x - z for z, x in zip(samples["l0"], samples[v])])
                                 for v in variants if v not in ("cpu", "l0")}
     if target:
         result["pass"] = result["over_l0_us"]["l1"][0] < target
@@ -115,10 +107,8 @@ def measure(name, fn, args_by_side, variants, budget_s, target=None):
 
 def spread(values, target):
     """The median of per-round values, its 95% CI, their interquartile range, the target and whether it is met."""
-    median, lo, hi = median_ci(values)
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return {"median": median, "ci95": [lo, hi], "iqr": [q1, q3], "rounds": len(values), "target": target,
-            "pass": median <= target}
+    summary = common.median_ci_iqr(values)
+    return {**summary, "target": target, "pass": summary["median"] <= target}
 
 
 def observing_summary(results):
@@ -130,7 +120,7 @@ def observing_summary(results):
 
 def observing_lines(summary):
     small, mlp = summary["small_op_us"], summary["mlp_ratio"]
-    verdict = lambda s: "PASS" if s["pass"] else "MISS"  # noqa: E731
+    verdict = lambda s: common.verdict(s["pass"])  # noqa: E731
     return [
         f"Observing (level 2) over the default (level 1), per-round pairs: {SMALL_OP}: "
         f"{small['median']:+.2f} µs per op [95% CI {small['ci95'][0]:+.2f}, {small['ci95'][1]:+.2f}; "
@@ -171,7 +161,7 @@ def build_cases(scale):
     return [
         (SMALL_OP, torch.add, add_args, ops, 30 * scale, LEVEL_TARGET_US),
         ("matmul 256x256", torch.mm, mm_args, ops, 20 * scale, None),
-        (MLP_CASE, bench_eager.forward, (mlp, x), ("cpu", "l1", "l2"),
+        (MLP_CASE, common.module_forward, (mlp, x), ("cpu", "l1", "l2"),
          15 * scale, None),
     ]
 
@@ -181,34 +171,30 @@ def fmt_ci(m, lo, hi):
 
 
 def markdown(results, threads, load, load_end, total_s):
-    lines = [
-        f"torch {torch.__version__}, {threads} thread(s), {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s. Median µs per call; "
-        "ratio and +µs are medians of interleaved per-round pairs; [95% CI] of the median difference.",
-        "",
-        "| case | variant | rounds | µs per call | ratio vs CPU | +µs vs level 0 [95% CI] | target | result |",
-        "|---|---|---:|---:|---:|---|---|---|",
-    ]
+    rows = []
     for r in results:
         for v, us in r["us"].items():
             ratio = "—" if v == "cpu" else f"{r['ratio'][v]:.3f}x"
             over = fmt_ci(*r["over_l0_us"][v]) if v in r.get("over_l0_us", {}) else "—"
             target = result = "—"
             if r["target"] and v == "l1":
-                target, result = f"< +{r['target']:g} µs", "PASS" if r["pass"] else "MISS"
-            lines.append(f"| {r['name']} | {LABELS[v]} | {r['rounds']} | {us:.2f} | {ratio} | {over} | "
-                         f"{target} | {result} |")
-    return "\n".join(lines)
+                target, result = f"< +{r['target']:g} µs", common.verdict(r["pass"])
+            rows.append([r["name"], LABELS[v], r["rounds"], f"{us:.2f}", ratio, over, target, result])
+    return "\n".join([
+        f"{common.conditions(load, load_end, total_s, threads, 'thread(s)')}. Median µs per call; "
+        "ratio and +µs are medians of interleaved per-round pairs; [95% CI] of the median difference.",
+        "",
+        common.markdown_table(["case", "variant", "rounds", "µs per call", "ratio vs CPU", "+µs vs level 0 [95% CI]",
+                               "target", "result"], rows, align="llrrrlll"),
+    ])
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (every variant)")
+    parser = common.arguments(__doc__, threads=1)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every case's time budget")
     opts = parser.parse_args()
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     torch.set_num_threads(opts.threads)  # one process, so every variant shares the setting
     failures = check_levels()
@@ -217,30 +203,29 @@ def main():
     results = []
     with torch.no_grad():
         for name, fn, cpu_args, variants, budget, target in build_cases(opts.scale):
-            args = {"cpu": cpu_args, "neuron": tuple(bench_eager.to_neuron(a) for a in cpu_args)}
+            args = {"cpu": cpu_args, "neuron": tuple(common.to_neuron(a) for a in cpu_args)}
             results.append(measure(name, fn, args, list(variants), budget, target))
             r = results[-1]
             print(f"  {name}: " + " / ".join(f"{r['us'][v]:.2f}" for v in variants) + " µs ("
                   + ", ".join(variants) + ")", file=sys.stderr, flush=True)
     gc.enable()
-    load_end, total_s = os.getloadavg()[0], time.perf_counter() - start
+    load_end, total_s = common.load_average(), time.perf_counter() - start
     print(markdown(results, opts.threads, load, load_end, total_s))
     observing = observing_summary(results)
     print("\n" + "\n".join(observing_lines(observing)))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "malloc_env": bench_eager._MALLOC_ENV}
-            by_name = {r["name"]: r for r in results}
-            targets = [
-                target_entry("observing: small op (+µs over not observing)", by_name[SMALL_OP]["l2_over_l1_us"],
-                             OBSERVING_TARGET_US, unit="µs"),
-                target_entry("observing: MLP forward (observed/not observed)", by_name[MLP_CASE]["l2_over_l1_ratio"],
-                             OBSERVING_TARGET_RATIO)]
-            json.dump({"meta": meta, "targets": targets, "observing": observing, "results": results}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "loadavg_end": load_end, "total_s": total_s, "malloc_env": common.MALLOC_ENV}
+        by_name = {r["name"]: r for r in results}
+        targets = [
+            target_entry("observing: small op (+µs over not observing)", by_name[SMALL_OP]["l2_over_l1_us"],
+                         OBSERVING_TARGET_US, unit="µs"),
+            target_entry("observing: MLP forward (observed/not observed)", by_name[MLP_CASE]["l2_over_l1_ratio"],
+                         OBSERVING_TARGET_RATIO)]
+        common.write_json(opts.json, {"meta": meta, "targets": targets, "observing": observing, "results": results})
     misses = [f"{r['name']} (level 1 over level 0)" for r in results if r.get("pass") is False]
     misses += [f"observing {name}" for name, s in observing.items() if not s["pass"]]
-    bench_eager.report_outcome(misses, failures)
+    common.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

@@ -29,17 +29,17 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; torchrun's workers inherit them.
+common.apply_malloc_env()
+
 from targets import target as target_entry  # noqa: E402
 
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -86,8 +86,7 @@ def launch(nproc, worker, threads=None, checks=None):
             return {"error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:]}
         result = json.loads(text)
     except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        return {"error": f"timed out after {LAUNCH_TIMEOUT_S} s", "stderr": stderr[-4000:]}
+        return common.timed_out(e, LAUNCH_TIMEOUT_S)
     finally:
         os.unlink(out_path)
     result["launch_s"] = time.perf_counter() - start
@@ -128,22 +127,18 @@ def allreduce_worker(out_path):
         # zeros costs Gloo what adding any other floats does.
         tensors = {v: torch.zeros(n, device=d) for v, (_, d) in groups.items()}
         fns = {v: (lambda g=groups[v][0], t=tensors[v]: dist.all_reduce(t, group=g)) for v in AR_VARIANTS}
-        for v in AR_VARIANTS:  # warm-up (Gloo's buffers, the checks' first exchange)
-            bench_eager.time_loop(fns[v], (), 3)
-        # Both ranks must run the same number of collectives: agree on the slowest estimate.
-        per_call = torch.tensor([max(bench_eager.time_loop(fns[v], (), 3) for v in AR_VARIANTS) / 1e6])
-        dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=gloo)
-        per_call = per_call.item()
-        inner = max(1, round(AR_CHUNK_S / per_call))
-        rounds = max(10, int(AR_BUDGET_S / (len(AR_VARIANTS) * inner * per_call)))
-        samples = {v: [] for v in AR_VARIANTS}
-        gc.collect()
+
+        def slowest_on_any_rank(per_call_s):
+            """Both ranks must run the same number of collectives: agree on the slowest estimate."""
+            per_call = torch.tensor([per_call_s])
+            dist.all_reduce(per_call, op=dist.ReduceOp.MAX, group=gloo)
+            return per_call.item()
+
+        # Warm-up (Gloo's buffers, the checks' first exchange), then the rounds. No barrier between
+        # samples: the collectives themselves keep the ranks in step.
         gc.disable()  # a collection inside one variant's loop is noise (and would stall the peer)
-        # No barrier between samples: the collectives themselves keep the ranks in step.
-        for r in range(rounds):
-            order = AR_VARIANTS[r % 3:] + AR_VARIANTS[:r % 3]
-            for v in order if (r // 3) % 2 == 0 else reversed(order):
-                samples[v].append(bench_eager.time_loop(fns[v], (), inner))
+        samples, inner, rounds = common.interleaved_samples(fns, AR_BUDGET_S, chunk_s=AR_CHUNK_S,
+                                                            agree=slowest_on_any_rank)
         gc.enable()
         base = samples["gloo_cpu"]
         ratios = {key: [x / a for a, x in zip(base, samples[v])]
@@ -155,17 +150,12 @@ def allreduce_worker(out_path):
             "correct": correct,
             **{f"{v}_us": statistics.median(samples[v]) for v in AR_VARIANTS},
             **{key: statistics.median(r) for key, r in ratios.items()},
-            **{f"{key}_{q}": x for key, r in ratios.items() for q, x in zip(("q1", "q3"), _quartiles(r))},
+            **{f"{key}_{q}": x for key, r in ratios.items() for q, x in zip(("q1", "q3"), common.quartiles(r))},
             "samples": samples,
         })
         del tensors, fns
     _report(out_path, {"world": world, "threads": torch.get_num_threads(), "sizes": results})
     dist.destroy_process_group()
-
-
-def _quartiles(values):
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return q1, q3
 
 
 def small_target(ar):
@@ -272,8 +262,7 @@ def _size(nbytes):
 
 def markdown(ar, tp, load, load_end):
     cores = os.cpu_count()
-    lines = [f"torch {torch.__version__}, {cores} cores ({platform.machine()}), load average {load:.1f} at start, "
-             f"{load_end:.1f} at the end."]
+    lines = [f"{common.conditions(load, load_end)}."]
     lines += ["", "all_reduce (sum, float32), 2 ranks"]
     if "error" in ar:
         lines.append(f"FAILED: {ar['error']}")
@@ -283,26 +272,28 @@ def markdown(ar, tp, load, load_end):
             "ratios are medians of interleaved per-round pairs. (a) Gloo group, CPU tensors; (b) neuron group, "
             "neuron tensors, checks on (default); (c) neuron group, neuron tensors, checks off.",
             "",
-            "| size | (a) Gloo CPU µs | GB/s | (b) neuron checked µs | GB/s | (c) neuron unchecked µs | GB/s "
-            "| b/a | b/a quartiles | c/a | c/a quartiles | rounds | correct | target | result |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
         ]
+        rows = []
         for r in ar["sizes"]:
             a, b, c = (r[f"{v}_us"] for v in AR_VARIANTS)
             target = result = "—"
             if r["bytes"] >= AR_TARGET_FROM:
                 target = f"≤ {AR_TARGET:.2f}x"
-                result = " / ".join(f"{k} {'PASS' if x <= AR_TARGET else 'MISS'}"
+                result = " / ".join(f"{k} {common.verdict(x <= AR_TARGET)}"
                                     for k, x in (("b", r["ratio_checked"]), ("c", r["ratio_unchecked"])))
             elif r["bytes"] == AR_SMALL_TARGET_AT:
                 target = f"b ≤ {AR_SMALL_TARGET:.2f}x"
-                result = f"b {'PASS' if r['ratio_checked'] <= AR_SMALL_TARGET else 'MISS'}"
-            lines.append(
-                f"| {_size(r['bytes'])} | {a:.0f} | {_gbps(r['bytes'], a)} | {b:.0f} | {_gbps(r['bytes'], b)} "
-                f"| {c:.0f} | {_gbps(r['bytes'], c)} | {r['ratio_checked']:.3f} "
-                f"| {r['ratio_checked_q1']:.2f}–{r['ratio_checked_q3']:.2f} | {r['ratio_unchecked']:.3f} "
-                f"| {r['ratio_unchecked_q1']:.2f}–{r['ratio_unchecked_q3']:.2f} | {r['rounds']} "
-                f"| {'yes' if r['correct'] else 'NO'} | {target} | {result} |")
+                result = f"b {common.verdict(r['ratio_checked'] <= AR_SMALL_TARGET)}"
+            rows.append([
+                _size(r["bytes"]), f"{a:.0f}", _gbps(r["bytes"], a), f"{b:.0f}", _gbps(r["bytes"], b),
+                f"{c:.0f}", _gbps(r["bytes"], c), f"{r['ratio_checked']:.3f}",
+                f"{r['ratio_checked_q1']:.2f}–{r['ratio_checked_q3']:.2f}", f"{r['ratio_unchecked']:.3f}",
+                f"{r['ratio_unchecked_q1']:.2f}–{r['ratio_unchecked_q3']:.2f}", r["rounds"],
+                "yes" if r["correct"] else "NO", target, result])
+        lines.append(common.markdown_table(
+            ["size", "(a) Gloo CPU µs", "GB/s", "(b) neuron checked µs", "GB/s", "(c) neuron unchecked µs", "GB/s",
+             "b/a", "b/a quartiles", "c/a", "c/a quartiles", "rounds", "correct", "target", "result"],
+            rows, align="lrrrrrrrrrrrlll"))
         large = [r for r in ar["sizes"] if r["bytes"] >= AR_TARGET_FROM]
         lines.append("")
         small = small_target(ar)
@@ -326,14 +317,13 @@ def markdown(ar, tp, load, load_end):
         f"max abs diff vs the unsharded CPU model (tolerance {TP_TOLERANCE:g}). Collective checks on (the default) "
         "unless noted.",
         "",
-        "| ranks | threads/rank | launches | ms per forward | speedup vs 1 rank | max abs diff | note |",
-        "|---:|---:|---:|---:|---:|---:|---|",
     ]
+    rows = []
     base = tp[1]["median_ms"] if 1 in tp and "error" not in tp[1] else None
     for key, r in tp.items():
         n = r["ranks"]
         if "error" in r:
-            lines.append(f"| {n} | — | — | — | — | — | FAILED: {r['error']} |")
+            rows.append([n, "—", "—", "—", "—", "—", f"FAILED: {r['error']}"])
             continue
         notes = [r["note"]] if r["note"] else []
         if n * r["threads"] > cores:
@@ -341,9 +331,11 @@ def markdown(ar, tp, load, load_end):
         note = "; ".join(notes)
         diff_ok = "" if r["max_abs_diff"] < TP_TOLERANCE else " ⚠ MISMATCH"
         speedup = f"{base / r['median_ms']:.2f}x" if base else "—"
-        lines.append(f"| {n} | {r['threads']} | {len(r['launches'])} | {r['median_ms']:.1f} | {speedup} "
-                     f"| {r['max_abs_diff']:.2g}{diff_ok} "
-                     f"| {note} |")
+        rows.append([n, r["threads"], len(r["launches"]), f"{r['median_ms']:.1f}", speedup,
+                     f"{r['max_abs_diff']:.2g}{diff_ok}", note])
+    lines.append(common.markdown_table(
+        ["ranks", "threads/rank", "launches", "ms per forward", "speedup vs 1 rank", "max abs diff", "note"],
+        rows, align="rrrrrrl"))
     return "\n".join(lines)
 
 
@@ -368,8 +360,7 @@ def run_tp(schedule):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
+    parser = common.arguments(__doc__, threads=False)
     parser.add_argument("--tp-threads", type=int, default=1,
                         help="intra-op threads per rank in the tensor-parallel runs (torchrun's default: 1)")
     parser.add_argument("--allreduce-only", action="store_true", help="skip the tensor-parallel launches")
@@ -381,7 +372,7 @@ def main():
     if opts._worker == "tp":
         return tp_worker(opts._out)
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     ar = launch(2, "allreduce")
     if "error" in ar:
@@ -397,16 +388,15 @@ def main():
         middle = []
     tp = {} if opts.allreduce_only else run_tp(pass_ + middle + pass_[::-1])
 
-    load_end = os.getloadavg()[0]
+    load_end = common.load_average()
     print(markdown(ar, tp, load, load_end))
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load, "loadavg_end": load_end,
-                    "malloc_env": bench_eager._MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
-            ar_out = dict(ar, small_target=small_target(ar)) if "sizes" in ar else ar
-            json.dump({"meta": meta, "targets": target_entries(ar), "allreduce": ar_out,
-                       "tp": {str(k): v for k, v in tp.items()}}, f, indent=1)
+        meta = {"torch": torch.__version__, "cores": os.cpu_count(), "loadavg": load, "loadavg_end": load_end,
+                "malloc_env": common.MALLOC_ENV, "tp_tokens": TP_TOKENS, "ar_sizes": AR_SIZES}
+        ar_out = dict(ar, small_target=small_target(ar)) if "sizes" in ar else ar
+        common.write_json(opts.json, {"meta": meta, "targets": target_entries(ar), "allreduce": ar_out,
+                                      "tp": {str(k): v for k, v in tp.items()}})
     misses = [f"all_reduce {_size(r['bytes'])}" for r in ar.get("sizes", [])
               if r["bytes"] >= AR_TARGET_FROM and max(r["ratio_checked"], r["ratio_unchecked"]) > AR_TARGET]
     small = small_target(ar)
@@ -414,7 +404,7 @@ def main():
     failures = [f"all_reduce {_size(r['bytes'])} wrong" for r in ar.get("sizes", []) if not r["correct"]]
     failures += ["all_reduce"] if "error" in ar else []
     failures += [f"TP {k}" for k, r in tp.items() if "error" in r or r["max_abs_diff"] >= TP_TOLERANCE]
-    bench_eager.report_outcome(misses, failures)
+    common.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

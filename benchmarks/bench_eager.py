@@ -12,30 +12,21 @@ The JSON keeps every sample under "results", each case's summary under "cases" b
 1k elements: cases["add 1k"]["ratio"], with "ratio_q1", "ratio_q3", "overhead_us"), and the targets
 for benchmarks/targets.py under "targets".
 """
-import argparse
-import copy
 import gc
-import json
-import os
-import platform
 import statistics
 import sys
-import time
 
-# A fresh multi-MB malloc is an mmap with ms of page faults on these VMs, which
-# would swamp the large-op timings: keep freed blocks in the heap (both sides
-# benefit equally). glibc reads these only at startup, hence the re-exec.
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-if any(k not in os.environ for k in _MALLOC_ENV):
-    os.environ.update({k: v for k, v in _MALLOC_ENV.items() if k not in os.environ})
-    os.execv(sys.executable, [sys.executable, *sys.argv])
+import common  # beside this script (sys.path[0])
+
+# First: re-exec this script when the MALLOC_* settings are missing.
+common.apply_malloc_env()
 
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.nn.functional as F  # noqa: E402
+from common import time_loop  # noqa: E402
 from targets import target  # noqa: E402  (beside this script: sys.path[0])
 
 SMALL, LARGE = (32, 32), (1024, 1024)  # 1k and 1M float32 elements
-CHUNK_S = 0.002  # each timed sample is a loop of about this long
 
 
 class Case:
@@ -44,55 +35,23 @@ class Case:
     def __init__(self, name, fn, cpu_args, budget_s, target=None):
         self.name, self.fn, self.budget_s = name, fn, budget_s
         self.target = target  # ("ratio", 1.05) | ("overhead_us", 1.0) | None (info only)
-        self.args = {"cpu": cpu_args, "neuron": tuple(to_neuron(a) for a in cpu_args)}
-
-
-def to_neuron(a):
-    if isinstance(a, torch.nn.Module):
-        return copy.deepcopy(a).to("neuron")
-    return a.to("neuron") if isinstance(a, torch.Tensor) else a
-
-
-def time_loop(fn, args, n):
-    start = time.perf_counter_ns()
-    for _ in range(n):
-        fn(*args)
-    return (time.perf_counter_ns() - start) / n / 1e3  # µs per call
-
-
-def interleaved_samples(fns: dict, budget_s: float) -> tuple[dict, int, int]:
-    """Time each callable of ``fns`` in samples of about CHUNK_S, in rounds whose order rotates and
-    then reverses, so drift hits every variant alike. Returns (µs per call samples by variant, calls
-    per sample, rounds)."""
-    variants = list(fns)
-    for v in variants:  # warm-up (allocator caches, lazy init, an optimizer's first step)
-        time_loop(fns[v], (), 3)
-    per_call = max(time_loop(fns[v], (), 3) for v in variants) / 1e6
-    inner = max(1, round(CHUNK_S / per_call))
-    rounds = max(10, int(budget_s / (len(variants) * inner * per_call)))
-    samples = {v: [] for v in variants}
-    gc.collect()
-    n = len(variants)
-    for r in range(rounds):
-        order = variants[r % n:] + variants[:r % n]
-        for v in order if (r // n) % 2 == 0 else reversed(order):
-            samples[v].append(time_loop(fns[v], (), inner))
-    return samples, inner, rounds
+        self.args = {"cpu": cpu_args, "neuron": tuple(common.to_neuron(a) for a in cpu_args)}
 
 
 def measure(case):
+    """The two sides alternate round by round (cpu first, then neuron first), each sample a loop of
+    about common.CHUNK_S calling ``case.fn`` itself (no wrapper: small ops are a few µs)."""
     fn, args = case.fn, case.args
     for side in args:  # warm up both sides (allocator caches, lazy init)
         time_loop(fn, args[side], 3)
     per_call = max(time_loop(fn, args[s], 5) for s in args) / 1e6
-    inner = max(1, round(CHUNK_S / per_call))
-    rounds = max(10, int(case.budget_s / (2 * inner * per_call)))
+    inner, rounds = common.sample_size(per_call, case.budget_s, 2)
     samples = {"cpu": [], "neuron": []}
     for r in range(rounds):
         for side in ("cpu", "neuron") if r % 2 == 0 else ("neuron", "cpu"):
             samples[side].append(time_loop(fn, args[side], inner))
     cpu, neu = samples["cpu"], samples["neuron"]
-    ratio_q1, _, ratio_q3 = statistics.quantiles([n / c for c, n in zip(cpu, neu)], n=4)
+    ratio_q1, ratio_q3 = common.quartiles([n / c for c, n in zip(cpu, neu)])
     result = {
         "name": case.name,
         "inner": inner,
@@ -133,10 +92,6 @@ class PreLNBlock(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-def forward(module, x):
-    return module(x)
-
-
 def build_cases():
     torch.manual_seed(0)
     cases = []
@@ -163,39 +118,33 @@ def build_cases():
     x = torch.randn(4, 128, 256)
     encoder = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, batch_first=True).eval()
     for name, block in (("nn.TransformerEncoderLayer", encoder), ("pre-LN block (SDPA+MLP)", PreLNBlock().eval())):
-        cases.append(Case(f"{name} b4 s128 d256", forward, (block, x), 6.0, ("ratio", 1.10)))
+        cases.append(Case(f"{name} b4 s128 d256", common.module_forward, (block, x), 6.0, ("ratio", 1.10)))
     return cases
 
 
 def markdown(results, threads, load):
-    lines = [
-        f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start; median µs per call; ratio and overhead are medians of "
-        "interleaved per-round pairs, the ratio's spread their interquartile range.",
-        "",
-        "| case | CPU µs | neuron µs | ratio | ratio IQR | overhead µs | target | result |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
-    ]
+    rows = []
     for r in results:
         target = "—"
         if r["target"]:
             kind, limit = r["target"]
             target = f"≤ {limit:.2f}x" if kind == "ratio" else f"≤ +{limit:g} µs"
-        result = "—" if "pass" not in r else "PASS" if r["pass"] else "MISS"
-        lines.append(
-            f"| {r['name']} | {r['cpu_us']:.2f} | {r['neuron_us']:.2f} | {r['ratio']:.3f} | "
-            f"{r['ratio_q1']:.3f}–{r['ratio_q3']:.3f} | {r['overhead_us']:+.2f} | {target} | {result} |"
-        )
-    return "\n".join(lines)
+        result = "—" if "pass" not in r else common.verdict(r["pass"])
+        rows.append([r["name"], f"{r['cpu_us']:.2f}", f"{r['neuron_us']:.2f}", f"{r['ratio']:.3f}",
+                     f"{r['ratio_q1']:.3f}–{r['ratio_q3']:.3f}", f"{r['overhead_us']:+.2f}", target, result])
+    return "\n".join([
+        f"{common.conditions(load, threads=threads)}; median µs per call; ratio and overhead are medians of "
+        "interleaved per-round pairs, the ratio's spread their interquartile range.",
+        "",
+        common.markdown_table(["case", "CPU µs", "neuron µs", "ratio", "ratio IQR", "overhead µs", "target",
+                               "result"], rows, align="lrrrrrll"),
+    ])
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (both sides)")
-    opts = parser.parse_args()
+    opts = common.arguments(__doc__, threads_help="intra-op threads (both sides)").parse_args()
 
-    load = os.getloadavg()[0]  # other busy processes make per-side medians jumpy; pairs hold up
+    load = common.load_average()  # other busy processes make per-side medians jumpy; pairs hold up
     torch.set_num_threads(opts.threads)  # one process, so both sides share the setting
     gc.disable()  # a collection landing inside one side's loop is noise
     results = []
@@ -207,31 +156,12 @@ def main():
                   f"(IQR {r['ratio_q1']:.3f}–{r['ratio_q3']:.3f})", file=sys.stderr, flush=True)
     print(markdown(results, opts.threads, load))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "loadavg": load, "malloc_env": _MALLOC_ENV}
-            cases = {r["name"]: {k: v for k, v in r.items() if k not in ("name", "samples", "target_entry")}
-                     for r in results}
-            targets = [r["target_entry"] for r in results if "target_entry" in r]
-            json.dump({"meta": meta, "cases": cases, "targets": targets, "results": results}, f, indent=1)
-    report_outcome([r["name"] for r in results if r.get("pass") is False])
-
-
-def child_result(proc, mark: str, process_s: float, **identity) -> dict:
-    """The JSON a benchmark's child process printed after ``mark`` (its last such line), with its
-    wall time; or what went wrong."""
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(mark)]
-    if proc.returncode != 0 or not lines:
-        return {**identity, "error": f"exit code {proc.returncode}", "stderr": proc.stderr[-4000:],
-                "process_s": process_s}
-    return {**json.loads(lines[-1][len(mark):]), "process_s": process_s}
-
-
-def report_outcome(misses, failures=(), failure_label="FAILED"):
-    """The summary line every benchmark ends with, on stderr: targets missed, checks failed."""
-    if misses:
-        print(f"\nMISS: {', '.join(misses)}", file=sys.stderr)
-    if failures:
-        print(f"{failure_label}: {', '.join(failures)}", file=sys.stderr)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "loadavg": load, "malloc_env": common.MALLOC_ENV}
+        cases = {r["name"]: {k: v for k, v in r.items() if k not in ("name", "samples", "target_entry")}
+                 for r in results}
+        targets = [r["target_entry"] for r in results if "target_entry" in r]
+        common.write_json(opts.json, {"meta": meta, "cases": cases, "targets": targets, "results": results})
+    common.report_outcome([r["name"] for r in results if r.get("pass") is False])
 
 
 if __name__ == "__main__":

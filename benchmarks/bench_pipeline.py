@@ -26,18 +26,16 @@ import gc
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
+common.apply_malloc_env()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -117,7 +115,7 @@ def run_child(label, t0, size, steps, image_path):
         "graphs": len(metrics),
         "caches": [m["cache"] for m in metrics],
         "compile_s": sum(m["compile_us"] for m in metrics) / 1e6,
-        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "backend_s": common.backend_s(metrics),
         "fell_back": any(m["fell_back"] for m in metrics),
         "metrics": metrics,
         "image_sha256": _sha(image),
@@ -135,24 +133,16 @@ def spawn_child(label, cache_dir, opts, image_path):
            "--steps", str(opts.steps), "--_child", label, "--_image", image_path]
     t0 = time.time()
     cmd += ["--_t0", repr(t0)]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        return {"label": label, "error": f"timed out after {CHILD_TIMEOUT_S} s", "stderr": stderr[-4000:]}
-    return bench_eager.child_result(proc, CHILD_MARK, time.time() - t0, label=label)
+    return common.run_child_process(cmd, env, CHILD_MARK, CHILD_TIMEOUT_S, t0, label=label)
 
 
 def startup_cases(cache_dir, opts, image_dir):
     results = {}
     for label in ("cold", "warm"):  # one cache directory: the second process finds the first one's entries
         results[label] = spawn_child(label, cache_dir, opts, os.path.join(image_dir, f"{label}.npy"))
-        r = results[label]
-        if "error" in r:
-            print(f"  {label} start: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
-        else:
-            print(f"  {label} start: first call {r['first_call_s']:.1f} s, first image {r['first_image_s']:.1f} s "
-                  f"after launch, {r['graphs']} graph(s) {r['caches']}", file=sys.stderr, flush=True)
+        common.log_child(f"{label} start", results[label], lambda r: (
+            f"first call {r['first_call_s']:.1f} s, first image {r['first_image_s']:.1f} s "
+            f"after launch, {r['graphs']} graph(s) {r['caches']}"))
     return results
 
 
@@ -194,26 +184,25 @@ def run_time(opts):
 # ---------------------------------------------------------------- report
 
 def markdown(rt, startup, opts, load, load_end, total_s):
-    cores = os.cpu_count()
+    rows = []
+    for v in VARIANTS:
+        if v == "cpu_eager":
+            rows.append([LABELS[v], f"{rt[v + '_s']:.3f}", "—", "—", "—"])
+            continue
+        op, t = TARGETS[v]
+        rows.append([LABELS[v], f"{rt[v + '_s']:.3f}", f"{rt['ratios'][v]:.3f}x", f"{op} {t:.2f}x",
+                     common.verdict(rt["pass"][v])])
     lines = [
-        f"torch {torch.__version__}, {opts.threads} threads, {cores} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s.",
+        f"{common.conditions(load, load_end, total_s, opts.threads)}.",
         "",
         f"The demo's small Flux2-Klein pipeline (built in code), float32, {opts.size}x{opts.size}, "
         f"{opts.steps} steps: median s per whole pipeline call over {rt['rounds']} interleaved rounds; "
         "ratios are medians of the per-round ratios to CPU eager. Compiled: the transformer only "
         "(backend='neuron', fullgraph, static shapes).",
         "",
-        "| variant | s per call | ratio vs CPU eager | target | result |",
-        "|---|---:|---:|---|---|",
+        common.markdown_table(["variant", "s per call", "ratio vs CPU eager", "target", "result"], rows,
+                              align="lrrll"),
     ]
-    for v in VARIANTS:
-        if v == "cpu_eager":
-            lines.append(f"| {LABELS[v]} | {rt[v + '_s']:.3f} | — | — | — |")
-            continue
-        op, t = TARGETS[v]
-        lines.append(f"| {LABELS[v]} | {rt[v + '_s']:.3f} | {rt['ratios'][v]:.3f}x | {op} {t:.2f}x | "
-                     f"{'PASS' if rt['pass'][v] else 'MISS'} |")
     d = rt["max_abs_diff_vs_cpu"]
     lines += ["", f"Images (checked once): max abs diff vs CPU eager: neuron eager {d['neuron_eager']:.3g}, "
                   f"neuron compiled {d['neuron_compiled']:.3g} (tolerance {TOLERANCE:g}): "
@@ -223,6 +212,21 @@ def markdown(rt, startup, opts, load, load_end, total_s):
                  + " (the compiled one loads its graph from the cold run's cache: "
                  + ", ".join(m["cache"] for m in rt["compiled_metrics"]) + ").")
 
+    rows = []
+    for label, text in (("cold", "cold (empty cache dir)"), ("warm", "warm (same dir, new process)")):
+        r = startup[label]
+        if "error" in r:
+            rows.append([text, *["—"] * 6, f"FAILED: {r['error']}", "—"])
+            continue
+        rows.append([text, f"{r['import_s']:.1f}", f"{r['loaded_s']:.1f}", f"{r['first_call_s']:.2f}",
+                     f"{r['first_image_s']:.2f}", f"{r['second_call_s']:.2f}", r["graphs"],
+                     common.counts_text(r["caches"]), f"{r['compile_s']:.2f}"])
+    cold, warm = startup["cold"], startup["warm"]
+    both = "error" not in cold and "error" not in warm
+    if both:
+        rows.append(["cold / warm", "", "", f"{cold['first_call_s'] / warm['first_call_s']:.1f}x",
+                     f"{cold['first_image_s'] / warm['first_image_s']:.1f}x", "", "", "",
+                     f"{cold['compile_s'] / max(warm['compile_s'], 1e-9):.0f}x"])
     lines += [
         "",
         "Start-up of the compiled pipeline, each in a fresh process (load, .to('neuron'), compile the "
@@ -230,24 +234,10 @@ def markdown(rt, startup, opts, load, load_end, total_s):
         "(interpreter, imports, loading included); torch up / pipeline on neuron = from the launch too; "
         "compile s = Σ compile_us of get_dynamo_metrics() (AOTAutograd + Inductor, or the cache load).",
         "",
-        "| run | torch up s | pipeline on neuron s | first call s | first image s | second call s | graphs "
-        "| cache | compile s |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        common.markdown_table(["run", "torch up s", "pipeline on neuron s", "first call s", "first image s",
+                               "second call s", "graphs", "cache", "compile s"], rows, align="lrrrrrrlr"),
     ]
-    for label, text in (("cold", "cold (empty cache dir)"), ("warm", "warm (same dir, new process)")):
-        r = startup[label]
-        if "error" in r:
-            lines.append(f"| {text} | — | — | — | — | — | — | FAILED: {r['error']} | — |")
-            continue
-        caches = ", ".join(f"{c} ×{r['caches'].count(c)}" for c in sorted(set(r["caches"])))
-        lines.append(f"| {text} | {r['import_s']:.1f} | {r['loaded_s']:.1f} | {r['first_call_s']:.2f} | "
-                     f"{r['first_image_s']:.2f} | "
-                     f"{r['second_call_s']:.2f} | {r['graphs']} | {caches} | {r['compile_s']:.2f} |")
-    cold, warm = startup["cold"], startup["warm"]
-    if "error" not in cold and "error" not in warm:
-        lines.append(f"| cold / warm | | | {cold['first_call_s'] / warm['first_call_s']:.1f}x | "
-                     f"{cold['first_image_s'] / warm['first_image_s']:.1f}x | | | | "
-                     f"{cold['compile_s'] / max(warm['compile_s'], 1e-9):.0f}x |")
+    if both:
         same = [f"warm = cold: {'yes' if warm['image_sha256'] == cold['image_sha256'] else 'NO'}",
                 f"cold = this process's compiled: {'yes' if cold['image_sha256'] == rt['compiled_image_sha256'] else 'NO'}"]
         diffs = ", ".join(f"{k} {r['max_abs_diff_vs_cpu']:.3g}" for k, r in startup.items() if "max_abs_diff_vs_cpu" in r)
@@ -257,16 +247,15 @@ def markdown(rt, startup, opts, load, load_end, total_s):
 
 def timed_rounds(pipes: dict, variants, opts, on_image=None) -> dict:
     """``opts.rounds`` rounds of one generation per variant, in an order that rotates and then
-    reverses, collecting garbage between calls only; returns seconds per call by variant.
-    ``on_image(variant, image)`` sees each image."""
+    reverses (common.round_order), collecting garbage between calls only; returns seconds per call
+    by variant. ``on_image(variant, image)`` sees each image. (Not common.interleaved_samples: one
+    call per sample, a fixed number of rounds, and a collection after every call.)"""
     samples = {v: [] for v in variants}
-    n = len(variants)
     gc.collect()
     gc.disable()  # collections between the calls only, never inside one
     try:
         for r in range(opts.rounds):
-            order = list(variants[r % n:]) + list(variants[:r % n])
-            for v in order if (r // n) % 2 == 0 else reversed(order):
+            for v in common.round_order(variants, r):
                 start = time.perf_counter()
                 image = generate(pipes[v], opts.size, opts.steps)
                 samples[v].append(time.perf_counter() - start)
@@ -284,9 +273,7 @@ def pipeline_arguments(doc: str, children, size: int = SIZE, steps: int = STEPS,
                        rounds: int = ROUNDS) -> argparse.ArgumentParser:
     """The options of a benchmark of the pipeline; ``children`` are the values of its hidden
     --_child (the start-up runs it launches as new processes)."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers (every sample) here")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (every variant)")
+    parser = common.arguments(doc)
     parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds (one call of each variant)")
     parser.add_argument("--size", type=int, default=size, help="height and width in pixels")
     parser.add_argument("--steps", type=int, default=steps, help="num_inference_steps")
@@ -305,7 +292,7 @@ def main():
         run_child(opts._child, opts._t0, opts.size, opts.steps, opts._image)
         return
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     print(f"  {opts.size}x{opts.size}, {opts.steps} steps, float32; load average {load:.1f}", file=sys.stderr, flush=True)
     quiet()
@@ -325,21 +312,20 @@ def main():
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
         shutil.rmtree(image_dir, ignore_errors=True)
-    load_end = os.getloadavg()[0]
+    load_end = common.load_average()
     total_s = time.perf_counter() - start
 
     print(markdown(rt, startup, opts, load, load_end, total_s))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
-                    "dtype": "float32", "malloc_env": bench_eager._MALLOC_ENV}
-            json.dump({"meta": meta, "run_time": rt, "startup": startup}, f, indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
+                "dtype": "float32", "malloc_env": common.MALLOC_ENV}
+        common.write_json(opts.json, {"meta": meta, "run_time": rt, "startup": startup})
     misses = [LABELS[v] for v, ok in rt["pass"].items() if not ok]
     failures = [k for k, r in startup.items() if "error" in r]
     failures += [] if rt["images_agree"] else ["images differ from CPU eager"]
     failures += [k for k, r in startup.items() if r.get("max_abs_diff_vs_cpu", 0.0) >= TOLERANCE]
-    bench_eager.report_outcome(misses, failures)
+    common.report_outcome(misses, failures)
 
 
 if __name__ == "__main__":

@@ -22,20 +22,19 @@ launch to the first result, and backend seconds (get_dynamo_metrics: fx_passes +
 import copy
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+import common  # beside this script (sys.path[0])
 
-# bench_eager sits beside this script (sys.path[0]); importing it re-execs this script with its
-# MALLOC_* settings when they are missing, and child processes inherit them.
-import bench_eager  # noqa: E402
-import bench_compile  # noqa: E402
-import bench_pipeline  # noqa: E402
+# First: re-exec this script when the MALLOC_* settings are missing; child processes inherit them.
+common.apply_malloc_env()
+
+import bench_compile  # noqa: E402  (its models: the same transformer and MLP)
+import bench_pipeline  # noqa: E402  (the same demo pipeline, its rounds and options)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
@@ -74,10 +73,6 @@ def _max_diff(a, b):
     a, b = (x.detach().to("cpu").double() if isinstance(x, torch.Tensor) else np.asarray(x, np.float64)
             for x in (a, b))
     return float((a - b).abs().max()) if isinstance(a, torch.Tensor) else float(np.abs(a - b).max())
-
-
-def _spread(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 # ---------------------------------------------------------------- lowering
@@ -154,12 +149,12 @@ def measure_forward(budget_s, lowering_rows):
           + "; max abs diff vs CPU eager " + ", ".join(f"{v} {diffs[v]:.3g}" for v in EXECUTORS),
           file=sys.stderr, flush=True)
     fns = {v: variants[v] for v in VARIANTS}
-    samples, inner, rounds = bench_eager.interleaved_samples(fns, budget_s)
+    samples, inner, rounds = common.interleaved_samples(fns, budget_s)
     for v in EXECUTORS:  # the largest difference, over a few more calls
         diffs[v] = max(diffs[v], *(_max_diff(fns[v](), outputs["cpu_eager"]) for _ in range(3)))
     result = {
         "name": "transformer fwd (4 pre-LN blocks, b4 s128 d256)", "unit": "µs", "inner": inner, "rounds": rounds,
-        "per_call": {v: _spread(samples[v]) for v in VARIANTS},
+        "per_call": {v: common.median_min_max(samples[v]) for v in VARIANTS},
         "ratio_xla_to_inductor": statistics.median(x / i for i, x in zip(samples["inductor"], samples["xla"])),
         "max_abs_diff_vs_cpu_eager": diffs, "first_call_s": first_call_s, "samples": samples,
     }
@@ -200,7 +195,7 @@ def measure_pipeline(opts, lowering_rows):
     samples = bench_pipeline.timed_rounds(pipes, VARIANTS, opts, compare)
     return {
         "name": f"demo pipeline, {opts.size}x{opts.size}, {opts.steps} steps", "unit": "s", "rounds": opts.rounds,
-        "per_call": {v: _spread(samples[v]) for v in VARIANTS},
+        "per_call": {v: common.median_min_max(samples[v]) for v in VARIANTS},
         "ratio_xla_to_inductor": statistics.median(x / i for i, x in zip(samples["inductor"], samples["xla"])),
         "max_abs_diff_vs_cpu_eager": diffs, "first_call_s": first_call_s, "samples": samples,
     }
@@ -227,7 +222,7 @@ def run_child(executor, t0):
         "import_s": imported,
         "first_call_s": first_call_s,
         "first_result_s": first_result_s,
-        "backend_s": sum(m["fx_passes_us"] + m["lower_us"] + m["compile_us"] for m in metrics) / 1e6,
+        "backend_s": common.backend_s(metrics),
         "lower_s": sum(m["lower_us"] for m in metrics) / 1e6,
         "compile_s": sum(m["compile_us"] for m in metrics) / 1e6,
         "metrics": metrics,
@@ -244,11 +239,7 @@ def spawn_child(executor, cache_dir, threads):
     t0 = time.time()
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(threads), "--_child", executor,
            "--_t0", repr(t0)]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"executor": executor, "error": f"timed out after {CHILD_TIMEOUT_S} s", "stderr": ""}
-    return bench_eager.child_result(proc, CHILD_MARK, time.time() - t0, executor=executor)
+    return common.run_child_process(cmd, env, CHILD_MARK, CHILD_TIMEOUT_S, t0, executor=executor)
 
 
 def startup_cases(threads):
@@ -258,11 +249,9 @@ def startup_cases(threads):
         try:
             for label in ("cold", "warm"):  # one directory: the second process finds the first one's entries
                 r = results[f"{executor} {label}"] = spawn_child(executor, cache_dir, threads)
-                if "error" in r:
-                    print(f"  {executor} {label}: FAILED ({r['error']})\n{r['stderr']}", file=sys.stderr, flush=True)
-                else:
-                    print(f"  {executor} {label}: first result {r['first_result_s']:.1f} s after launch, backend "
-                          f"{r['backend_s']:.2f} s, {r['caches']}", file=sys.stderr, flush=True)
+                common.log_child(f"{executor} {label}", r, lambda r: (
+                    f"first result {r['first_result_s']:.1f} s after launch, backend "
+                    f"{r['backend_s']:.2f} s, {r['caches']}"))
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
     return results
@@ -271,43 +260,50 @@ def startup_cases(threads):
 # ---------------------------------------------------------------- report
 
 def markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s):
-    lines = [
-        f"torch {torch.__version__}, {opts.threads} threads, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f} at start, {load_end:.1f} at the end; total {total_s:.0f} s.",
+    lowering = []
+    for row in lowering_rows:
+        if row.get("error"):
+            done = ", ".join(f"{g['lower_s']:.2f} s / {g['stablehlo_ops']} ops" for g in row["graphs"])
+            lowering.append([row["name"], f"{'lowered: ' + done + '; ' if done else ''}does not lower: {row['error']}",
+                             "—", "—", "—"])
+            continue
+        for i, g in enumerate(row["graphs"]):
+            kind = ("fw", "bw")[i] if len(row["graphs"]) == 2 else g["graph"]
+            metric = f"{row['metrics_lower_s']:.2f}" if i == 0 else ""
+            lowering.append([row["name"] if i == 0 else "", kind, f"{g['lower_s']:.2f}", g["stablehlo_ops"], metric])
+    calls = []
+    for r in per_call:
+        fmt = (lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f}) µs") if r["unit"] == "µs" else \
+            (lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) s")
+        d = r["max_abs_diff_vs_cpu_eager"]
+        calls.append([f"{r['name']} ({r['rounds']} rounds)", *(fmt(r["per_call"][v]) for v in VARIANTS),
+                      f"{r['ratio_xla_to_inductor']:.2f}x", f"{d['inductor']:.2g}", f"{d['xla']:.2g}"])
+    starts = []
+    for executor in EXECUTORS:
+        cold, warm = startup[f"{executor} cold"], startup[f"{executor} warm"]
+        if "error" in cold or "error" in warm:
+            starts.append([executor, f"FAILED: {cold.get('error') or warm.get('error')}", "", "", "", "", ""])
+            continue
+        starts.append([executor, f"{cold['first_result_s']:.1f} / {warm['first_result_s']:.1f}",
+                       f"{cold['backend_s']:.2f} / {warm['backend_s']:.2f}",
+                       f"{cold['lower_s']:.2f} / {warm['lower_s']:.2f}",
+                       f"{cold['compile_s']:.2f} / {warm['compile_s']:.2f}",
+                       f"{cold['backend_s'] / max(warm['backend_s'], 1e-9):.1f}x", ", ".join(warm["caches"])])
+    return "\n".join([
+        f"{common.conditions(load, load_end, total_s, opts.threads)}.",
         "",
         "Lowering (torch-mlir FxImporter -> StableHLO, TorchNeuron's f64->f32 pass), empty cache: per "
         "AOTAutograd graph, the seconds of the lowering alone and its StableHLO ops; metrics lower s = "
         "Σ lower_us of get_dynamo_metrics() for the case.",
         "",
-        "| case | graph | lower s | StableHLO ops | metrics lower s |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for row in lowering_rows:
-        if row.get("error"):
-            done = ", ".join(f"{g['lower_s']:.2f} s / {g['stablehlo_ops']} ops" for g in row["graphs"])
-            lines.append(f"| {row['name']} | {'lowered: ' + done + '; ' if done else ''}does not lower: "
-                         f"{row['error']} | — | — | — |")
-            continue
-        for i, g in enumerate(row["graphs"]):
-            kind = ("fw", "bw")[i] if len(row["graphs"]) == 2 else g["graph"]
-            metric = f"{row['metrics_lower_s']:.2f}" if i == 0 else ""
-            lines.append(f"| {row['name'] if i == 0 else ''} | {kind} | {g['lower_s']:.2f} | {g['stablehlo_ops']} "
-                         f"| {metric} |")
-    lines += [
+        common.markdown_table(["case", "graph", "lower s", "StableHLO ops", "metrics lower s"], lowering,
+                              align="llrrr"),
         "",
         "Per call: medians (min-max) over interleaved rounds; ratio = median of per-round xla / inductor; "
         "max diff = largest absolute difference from CPU eager over every checked call.",
         "",
-        "| case | CPU eager | inductor | xla | xla / inductor | max diff inductor | max diff xla |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in per_call:
-        fmt = (lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f}) µs") if r["unit"] == "µs" else \
-            (lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) s")
-        d = r["max_abs_diff_vs_cpu_eager"]
-        lines.append(f"| {r['name']} ({r['rounds']} rounds) | " + " | ".join(fmt(r["per_call"][v]) for v in VARIANTS)
-                     + f" | {r['ratio_xla_to_inductor']:.2f}x | {d['inductor']:.2g} | {d['xla']:.2g} |")
-    lines += [
+        common.markdown_table(["case", "CPU eager", "inductor", "xla", "xla / inductor", "max diff inductor",
+                               "max diff xla"], calls, align="lrrrrrr"),
         "",
         "Start-up of the transformer forward, each in a fresh process: first result = seconds from the "
         "process's launch (interpreter, imports included); backend s = Σ fx_passes + lower + compile "
@@ -315,20 +311,10 @@ def markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s):
         "lookup for inductor); compile s = its compile_us (xla: AOTAutograd, XLA's compile or the cache load, "
         "the first import of jax and torch-mlir; inductor: AOTAutograd + Inductor, or the cache load).",
         "",
-        "| executor | first result s cold / warm | backend s cold / warm | lower s cold / warm "
-        "| compile s cold / warm | cold / warm backend | warm cache |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for executor in EXECUTORS:
-        cold, warm = startup[f"{executor} cold"], startup[f"{executor} warm"]
-        if "error" in cold or "error" in warm:
-            lines.append(f"| {executor} | FAILED: {cold.get('error') or warm.get('error')} | | | | | |")
-            continue
-        lines.append(f"| {executor} | {cold['first_result_s']:.1f} / {warm['first_result_s']:.1f} | "
-                     f"{cold['backend_s']:.2f} / {warm['backend_s']:.2f} | "
-                     f"{cold['lower_s']:.2f} / {warm['lower_s']:.2f} | {cold['compile_s']:.2f} / {warm['compile_s']:.2f} | "
-                     f"{cold['backend_s'] / max(warm['backend_s'], 1e-9):.1f}x | {', '.join(warm['caches'])} |")
-    return "\n".join(lines)
+        common.markdown_table(["executor", "first result s cold / warm", "backend s cold / warm",
+                               "lower s cold / warm", "compile s cold / warm", "cold / warm backend", "warm cache"],
+                              starts, align="lrrrrrl"),
+    ])
 
 
 def main():
@@ -340,7 +326,7 @@ def main():
         run_child(opts._child, opts._t0)
         return
 
-    load = os.getloadavg()[0]
+    load = common.load_average()
     start = time.perf_counter()
     print(f"  load average {load:.1f}; pipeline {opts.size}x{opts.size}, {opts.steps} steps", file=sys.stderr,
           flush=True)
@@ -366,19 +352,18 @@ def main():
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     startup = startup_cases(opts.threads)
-    load_end = os.getloadavg()[0]
+    load_end = common.load_average()
     total_s = time.perf_counter() - start
 
     print(markdown(lowering_rows, per_call, startup, opts, load, load_end, total_s))
     if opts.json:
-        with open(opts.json, "w") as f:
-            meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
-                    "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
-                    "malloc_env": bench_eager._MALLOC_ENV}
-            json.dump({"meta": meta, "lowering": lowering_rows, "per_call": per_call, "startup": startup}, f,
-                      indent=1)
+        meta = {"torch": torch.__version__, "threads": opts.threads, "cores": os.cpu_count(), "loadavg": load,
+                "loadavg_end": load_end, "total_s": total_s, "size": opts.size, "steps": opts.steps,
+                "malloc_env": common.MALLOC_ENV}
+        common.write_json(opts.json, {"meta": meta, "lowering": lowering_rows, "per_call": per_call,
+                                      "startup": startup})
     failures = [k for k, r in startup.items() if "error" in r or r.get("fell_back")]
-    bench_eager.report_outcome([], failures)
+    common.report_outcome([], failures)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import json
 import statistics
 import sys
 
+import common  # beside this file (sys.path[0]); it imports no torch and re-execs nothing
+
 
 def target(name, per_round, limit, higher_is_better=False, unit="x"):
     """One target's entry: `per_round` holds the value (a ratio, or µs) measured in each round."""
@@ -17,7 +19,7 @@ def target(name, per_round, limit, higher_is_better=False, unit="x"):
         return {"name": name, "rounds": 0, "limit": limit, "unit": unit, "pass": False,
                 "higher_is_better": higher_is_better, "error": "no measurement"}
     if len(values) >= 4:
-        q1, _, q3 = statistics.quantiles(values, n=4)
+        q1, q3 = common.quartiles(values)
     else:
         q1, q3 = values[0], values[-1]
     median = statistics.median(values)
@@ -32,18 +34,17 @@ def _number(value, unit):
 
 
 def table(entries):
-    lines = ["| target | median | spread over rounds: IQR [min, max] | rounds | limit | result |",
-             "|---|---:|---|---:|---|---|"]
+    rows = []
     for e in entries:
         limit = ("≥ " if e["higher_is_better"] else "≤ ") + _number(e["limit"], e["unit"])
         if "error" in e:
-            lines.append(f"| {e['name']} | — | {e['error']} | 0 | {limit} | MISS |")
+            rows.append([e["name"], "—", e["error"], 0, limit, "MISS"])
             continue
         spread = (f"{_number(e['q1'], e['unit'])}–{_number(e['q3'], e['unit'])} "
                   f"[{_number(e['min'], e['unit'])}, {_number(e['max'], e['unit'])}]")
-        lines.append(f"| {e['name']} | {_number(e['median'], e['unit'])} | {spread} | {e['rounds']} | {limit} | "
-                     f"{'PASS' if e['pass'] else 'MISS'} |")
-    return "\n".join(lines)
+        rows.append([e["name"], _number(e["median"], e["unit"]), spread, e["rounds"], limit, common.verdict(e["pass"])])
+    return common.markdown_table(["target", "median", "spread over rounds: IQR [min, max]", "rounds", "limit",
+                                  "result"], rows, align="lrlrll")
 
 
 def main(paths):
