@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402  (autoloads the neuron backend)
 import torch.nn.functional as F  # noqa: E402
 
-from torch_neuronx.neuron_dynamo_backend.faithful import lowering  # noqa: E402
+from torch_neuronx.neuron_dynamo_backend.faithful import lowering_worker  # noqa: E402
 
 EXECUTORS = ("inductor", "xla")
 VARIANTS = ("cpu_eager", "inductor", "xla")
@@ -54,15 +54,15 @@ _lowered = []  # (graph name, seconds, StableHLO op count) of every lowering in 
 
 
 def _observe_lowering():
-    """Record each graph the backend lowers; the lowering itself is unchanged."""
-    lower = lowering.lower
+    """Record each graph the backend lowers (in its worker process); the lowering itself is unchanged."""
+    lower = lowering_worker.lower
 
     def observed(*args, **kwargs):
         result = lower(*args, **kwargs)
         _lowered.append((result.name, result.seconds, sum(result.op_counts.values())))
         return result
 
-    lowering.lower = observed
+    lowering_worker.lower = observed
 
 
 def compile_with(module, executor):
