@@ -32,6 +32,7 @@ else:
     _registration.register(on_conflict="raise")
 
 is_registered = _registration.is_registered
+from torch_neuronx.python_ops.trainium_semantics import eager_semantics  # noqa: E402,F401
 
 # Trainium readiness (torch_neuronx.diagnostics): TorchNeuron's op tracking, and the report. Imported
 # on first use, so that `import torch` (autoload) does not pay for it.

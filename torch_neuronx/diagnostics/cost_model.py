@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.flop_counter as flop_counter
 
+from torch_neuronx.python_ops.host_ops import base_name
 from torch_neuronx.runtime import BACKEND_NAME, hardware
 
 TERA = 1e12
@@ -98,12 +99,6 @@ NOT_ESTIMATED = (HOST_TRANSFER, COLLECTIVE)  # not HBM-bound work: counted, neve
 
 
 @functools.lru_cache(maxsize=None)
-def base_name(op: str) -> str:
-    """'aten::add_.Tensor' -> 'add' (namespace, overload and in-place underscore removed)."""
-    name = op.split("::", 1)[-1].split(".", 1)[0]
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
-
-
 @functools.lru_cache(maxsize=None)
 def op_overload(op: str):
     """The OpOverload of 'ns::name.overload' (or 'ns::name'), or None."""
@@ -262,8 +257,8 @@ def assumptions(profile: TrainiumProfile) -> list[str]:
         f"ESTIMATE, not a measurement: a roofline model of {profile.name}: "
         f"{profile.bf16_tflops:g} TFLOPS BF16/FP16, {profile.fp32_tflops:g} TFLOPS FP32, "
         f"{profile.hbm_tb_per_s:g} TB/s HBM ({profile.source}).",
-        "Each op call costs max(FLOPs / peak, bytes / HBM bandwidth), at 100% of peak, with no launch or "
-        "dispatch overhead; the real time is higher.",
+        "The roofline time of an op call is max(FLOPs / peak, bytes / HBM bandwidth), at 100% of peak; "
+        "launches and compiles are added to it below (first run, each run after).",
         "FLOPs follow torch.utils.flop_counter: only matmuls, convolutions and attention count (2 per "
         "multiply-add); elementwise, normalization and reduction ops are memory-bound (bytes only).",
         "Bytes: every tensor argument read once and every result written once; no fusion and no reuse "

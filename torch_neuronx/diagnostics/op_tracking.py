@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections import Counter
 
 
-from torch_neuronx.diagnostics import observer, unsupported_ops
+from torch_neuronx.diagnostics import observer
+from torch_neuronx.python_ops import host_ops
 from torch_neuronx.runtime import ops
 
 
@@ -29,9 +30,9 @@ def get_executed_ops() -> list[str]:
 
 def get_fallback_ops() -> list[str]:
     """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore (each one's source
-    is in ``torch_neuronx.diagnostics.unsupported_ops.TABLE``). Every op runs on the host here; these
+    is in ``torch_neuronx.python_ops.host_ops.TABLE``). Every op runs on the host here; these
     are the ones that would cost a host round trip on Trainium."""
-    return [name for name in get_op_counts() if unsupported_ops.lookup(name) is not None]
+    return [name for name in get_op_counts() if host_ops.lookup(name) is not None]
 
 
 def clear_op_tracking() -> None:

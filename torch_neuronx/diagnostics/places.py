@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import linecache
 
-from torch_neuronx.diagnostics import unsupported_ops
+from torch_neuronx.python_ops import host_ops
 from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding
 
 CODE_LIMIT = 160  # characters of a source line shown
@@ -46,7 +46,7 @@ def short_op(op: str) -> str:
 
 def _fix(kind: str, ops: dict[str, int], details: list[str]) -> str:
     if kind in ("cpu-fallback", "device-rng"):  # the table's fix for the op, when it has one
-        fixes = [entry.fix for entry in map(unsupported_ops.lookup, ops) if entry is not None]
+        fixes = [entry.fix for entry in map(host_ops.lookup, ops) if entry is not None]
         if fixes:
             return "; ".join(dict.fromkeys(fixes))
     fix = KINDS[kind].fix if kind in KINDS else ""
@@ -61,7 +61,7 @@ def _fix(kind: str, ops: dict[str, int], details: list[str]) -> str:
 def _sources(kind: str, ops: dict[str, int]) -> list[str]:
     if kind not in ("cpu-fallback", "device-rng"):
         return []
-    keys = [key for entry in map(unsupported_ops.lookup, ops) if entry is not None for key in entry.sources]
+    keys = [key for entry in map(host_ops.lookup, ops) if entry is not None for key in entry.sources]
     return list(dict.fromkeys(keys))
 
 
@@ -93,7 +93,7 @@ def rows(found: list[Finding]) -> tuple[list[dict], list[dict]]:
     for row in ordered:
         row["fix"] = _fix(row["kind"], row["ops"], row["details"])
         row["sources"] = [footnotes.setdefault(key, len(footnotes) + 1) for key in _sources(row["kind"], row["ops"])]
-    notes = [{"id": number, "name": unsupported_ops.SOURCES[key].name, "url": unsupported_ops.SOURCES[key].url}
+    notes = [{"id": number, "name": host_ops.SOURCES[key].name, "url": host_ops.SOURCES[key].url}
              for key, number in footnotes.items()]
     return ordered, notes
 

@@ -5,9 +5,12 @@ the neuron device cannot reach. :func:`install` registers them all.
 
 - :mod:`.recurrent`: RNN, GRU and LSTM through CPU's generic path (PyTorch sends non-CPU devices to
   fused cells that CPU has no kernel for).
+- :mod:`.trainium_semantics`: with ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``, every eager op computes
+  as TorchNeuron's does; :mod:`.host_ops` lists the ops TorchNeuron runs on the CPU.
 """
-from torch_neuronx.python_ops import recurrent
+from torch_neuronx.python_ops import recurrent, trainium_semantics
 
 
 def install() -> None:
     recurrent.install()
+    trainium_semantics.install()

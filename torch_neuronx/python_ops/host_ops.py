@@ -1,4 +1,7 @@
-"""Ops TorchNeuron is documented or known to run on the CPU instead of a NeuronCore.
+"""Ops TorchNeuron is documented or known to run on the CPU (the host) instead of a NeuronCore.
+
+The readiness report's cpu-fallback findings and Trainium's eager semantics
+(:mod:`.trainium_semantics`: these ops keep CPU's arithmetic) both read this table.
 
 Every entry names its sources (``SOURCES``: what each is and where to read it; the report lists
 them as footnotes). Keep it small and honest: an op goes in only with evidence, and leaves when
@@ -10,7 +13,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from torch_neuronx.diagnostics.cost_model import base_name
 
 # TorchNeuron's own source, v0.1.0, read in a public mirror of it.
 _MIRROR = "https://github.com/parmoham-aws/test-repo-parmoham/blob/67d8dc4a52b14ff2d6e5023ba8487b41271e982e/"
@@ -89,6 +91,12 @@ TABLE: dict[str, UnsupportedOp] = {e.op: e for e in (
                "express it with ops that have neuron kernels (exp, log, tanh, ...), or accept a host round trip "
                "per call", "no-kernel")
 )}
+
+
+def base_name(op: str) -> str:
+    """'aten::add_.Tensor' -> 'add' (namespace, overload and in-place underscore removed)."""
+    name = op.split("::", 1)[-1].split(".", 1)[0]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
 @functools.lru_cache(maxsize=None)

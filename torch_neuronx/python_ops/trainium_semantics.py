@@ -1,0 +1,449 @@
+"""Trainium's eager semantics on demand: ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``.
+
+By default (``cpu``) a neuron op computes exactly what CPU PyTorch computes. With ``trainium``, eager
+ops on neuron tensors compute and behave as TorchNeuron's eager mode does, wherever a host can
+reproduce it (each rule names the TorchNeuron file it follows, in its public source v0.1.0):
+
+- int64 is computed as int32 and float64 as float32, then cast back, for tensors with at least one
+  dimension (0-dim tensors keep their dtype; tensors in lists are all cast), and ``dtype=float64``
+  computes in float32 (``python_ops/dtype_autocast.py``, the JAX dtype map in
+  ``python_ops/jax/type_converter.py``). int64 arithmetic here runs on int64 kernels over values
+  wrapped to int32 and wraps the results again: for the ring operations (add, sub, mul, sums,
+  products, bit operations, comparisons, indexing) that is exactly int32 arithmetic, and every CPU
+  kernel that requires int64 indices still gets them;
+- ``out=`` tensors keep their dtype: a float64 or int64 ``out`` is filled with the 32-bit result
+  (``validate_output_dtypes`` with casting on, as on the JAX path);
+- a copy that changes the memory format (``.to(memory_format=torch.channels_last)``, to or from
+  neuron) raises (``python_ops/cast_policy.py``, ``validate_neuron_memory_format``);
+- dtypes missing from the JAX map (float8_e4m3fn and its variants, uint16, uint32, uint64) raise
+  ``ValueError`` on device ops (``type_converter_base.py``, ``python_ops/jax/op_impl.py``);
+- reductions without an identity (max, min, amax, amin, argmax, argmin, std_mean, var_mean) raise on
+  empty inputs; the others give their identity, as CPU does (``python_ops/jax/config.py``,
+  ``ReductionOps``);
+- dropout masks are drawn with ``torch.bernoulli`` on the CPU generator (``python_ops/jax/ops/
+  native_dropout.py``), and every op TorchNeuron runs on the CPU (:mod:`.host_ops`: linear algebra,
+  random numbers, sort, FFT, ...) runs here on CPU copies, with CPU's arithmetic and the CPU
+  generator (``python_ops/base.py``, ``_unhandled_cpu_fallback``);
+- collectives send int64 as int32 and float64 as float32 (``python_ops/xla_builder/op_impl.py``: its
+  collectives run under ``autocast_neuron``): int64 values are wrapped to int32, float64 values
+  rounded to float32, before the collective and after it.
+
+Not reproduced: asynchronous errors (here an op raises where it is called), the fusion of queued
+ops, JAX's own type promotion, Python scalars (here they keep their value and width). Compiled
+graphs keep their own rules (the executor's). The mode applies to the thread that imported torch
+(and autograd's backward, which runs on it); other threads compute as CPU does.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
+from torch.utils._pytree import tree_map
+
+from torch_neuronx.python_ops import host_ops
+from torch_neuronx.runtime import BACKEND_NAME
+
+ENV = "TORCH_NEURONX_EAGER_SEMANTICS"
+CHOICES = ("cpu", "trainium")
+MEMORY_FORMAT_ERROR = "Neuron tensors only support contiguous or preserve memory format"
+# Missing from TorchNeuron's torch -> JAX dtype map.
+UNSUPPORTED_DTYPES = frozenset(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16", "uint32",
+                                      "uint64") if hasattr(torch, name))
+NO_IDENTITY_REDUCTIONS = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "std_mean", "var_mean"})
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FORMATS_OK = (None, torch.contiguous_format, torch.preserve_format)
+# Ops that move or describe memory rather than compute: TorchNeuron runs no kernel of its own on
+# their values (copies to and from 64-bit go through the host), so their values are CPU's.
+_MOVES = frozenset({"_to_copy", "copy", "clone", "detach", "alias", "lift_fresh", "lift_fresh_copy", "empty",
+                    "empty_strided", "empty_like", "new_empty", "new_empty_strided", "_local_scalar_dense", "resize",
+                    "set", "record_stream", "_has_compatible_shallow_copy_type", "_copy_from", "_copy_from_and_resize",
+                    "_reshape_alias", "as_strided", "view", "_unsafe_view", "_pin_memory", "is_pinned",
+                    "_nested_tensor_from_mask_left_aligned", "contiguous"})
+
+
+def _neuron(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == BACKEND_NAME
+
+
+def _flat(values):
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from _flat(value)
+        else:
+            yield value
+
+
+def _touches_neuron(args, kwargs) -> bool:
+    """Whether a call works on plain neuron tensors (tensor subclasses, e.g. fake tensors while a
+    graph is traced, keep their own rules), or makes neuron tensors (a factory's device)."""
+    found = False
+    for value in _flat((*args, *kwargs.values())):
+        if isinstance(value, torch.Tensor):
+            if type(value) not in _PLAIN:
+                return False
+            found = found or value.device.type == BACKEND_NAME
+    if found:
+        return True
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == BACKEND_NAME
+
+
+@functools.lru_cache(maxsize=None)
+def op_kind(name: str) -> str:
+    """What TorchNeuron does with an op, by name ('aten::add.Tensor', 'aten::add'): "device" (a
+    NeuronCore kernel), "host" (it runs on the CPU), "move" (memory, not computation), "dropout",
+    "collective". The diagnostics read it to tell which rules an observed call meets."""
+    namespace, _, rest = name.partition("::")
+    packet_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), packet_name)
+        return _kind(getattr(packet, overload or "default"))
+    except (AttributeError, RuntimeError):
+        return "collective" if namespace == "c10d" else "device"
+
+
+@functools.lru_cache(maxsize=None)
+def _kind(func) -> str:
+    namespace = func.namespace
+    if namespace == "c10d":
+        return "collective"
+    base = host_ops.base_name(func.name())
+    if base == "native_dropout":
+        return "dropout"
+    if base in _MOVES or func.is_view:
+        return "move"
+    packet = func.overloadpacket
+    random = any("Generator" in str(a.type) for name in packet.overloads()
+                 for a in getattr(packet, name)._schema.arguments)
+    if host_ops.lookup(func.name()) is not None or random:
+        return "host"  # random numbers come from the CPU generator too (randn(device="neuron") included)
+    return "device"
+
+
+@functools.lru_cache(maxsize=None)
+def _written(func) -> tuple[bool, ...]:
+    """For each argument of ``func``, whether the op writes it."""
+    return tuple(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+def _names(func) -> tuple[str, ...]:
+    return tuple(a.name for a in func._schema.arguments)
+
+
+# ---- the int64/float64 rule ---------------------------------------------------------------------
+
+def _wrap32(t: torch.Tensor) -> torch.Tensor:
+    """int64 values as int32 arithmetic sees them (two's complement wrap), still int64."""
+    return t.to(torch.int32).to(torch.int64)
+
+
+def _narrow(value, in_list: bool, seen: dict):
+    """An argument as TorchNeuron computes it: float64 -> float32, int64 -> int32 values (tensors with a
+    dimension, or any tensor in a list)."""
+    if not isinstance(value, torch.Tensor) or not _neuron(value) or (value.dim() == 0 and not in_list):
+        return value
+    if value.dtype == torch.float64:
+        seen["float64"] = True
+        return value.to(torch.float32)
+    if value.dtype == torch.int64:
+        seen["int64"] = True
+        return _wrap32(value)
+    return value
+
+
+def _narrow_all(args, kwargs, skip: frozenset[str], names: tuple[str, ...], seen: dict):
+    new_args = []
+    for i, value in enumerate(args):
+        if i < len(names) and names[i] in skip:
+            new_args.append(value)
+        elif isinstance(value, (list, tuple)):
+            new_args.append(type(value)(_narrow(v, True, seen) for v in value))
+        else:
+            new_args.append(_narrow(value, False, seen))
+    new_kwargs = {}
+    for key, value in kwargs.items():
+        if key in skip:
+            new_kwargs[key] = value
+        elif key == "dtype" and value == torch.float64:
+            seen["float64"] = True  # computed in float32 (the JAX map), returned as float64
+            new_kwargs[key] = torch.float32
+        elif isinstance(value, (list, tuple)):
+            new_kwargs[key] = type(value)(_narrow(v, True, seen) for v in value)
+        else:
+            new_kwargs[key] = _narrow(value, False, seen)
+    return new_args, new_kwargs
+
+
+def _restore(value, seen: dict):
+    if not _neuron(value):
+        return value
+    if value.dtype == torch.float32 and seen.get("float64"):
+        return value.to(torch.float64)
+    if value.dtype == torch.int64:
+        return _wrap32(value)
+    return value
+
+
+def _write_back(original: torch.Tensor, computed: torch.Tensor) -> None:
+    """An argument the op wrote, computed on a narrowed copy: the original gets its values (int64 ones
+    wrapped as int32 arithmetic would have left them)."""
+    if computed is not original:
+        with torch.no_grad():
+            original.copy_(_wrap32(computed) if computed.dtype == torch.int64 else computed)
+
+
+def _out_names(func) -> frozenset[str]:
+    """Keyword-only arguments the op writes (``out=``): they keep their dtype."""
+    return frozenset(a.name for a in func._schema.arguments
+                     if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+
+
+def _device_op(func, args, kwargs):
+    _check_dtypes(func, args, kwargs)
+    _check_empty_reduction(func, args)
+    names, written = _names(func), _written(func)
+    skip = _out_names(func)
+    seen: dict = {}
+    new_args, new_kwargs = _narrow_all(args, kwargs, skip, names, seen)
+    if not seen and not any(_neuron(v) and v.dtype == torch.int64 for v in _flat((*args, *kwargs.values()))):
+        return func(*args, **kwargs)
+    result = func(*new_args, **new_kwargs)
+    for i, (old, new) in enumerate(zip(args, new_args)):
+        if i < len(written) and written[i] and isinstance(old, torch.Tensor) and new is not old:
+            _write_back(old, new)
+    mutated = {id(new): old for old, new in zip(args, new_args) if isinstance(old, torch.Tensor) and new is not old}
+
+    def back(value):
+        if isinstance(value, torch.Tensor) and id(value) in mutated:
+            return mutated[id(value)]  # an in-place op returns its (original) argument
+        if isinstance(value, torch.Tensor) and any(value is v for v in kwargs.values()):
+            if value.dtype == torch.int64:
+                with torch.no_grad():
+                    value.copy_(_wrap32(value))
+            return value
+        return _restore(value, seen)
+
+    return tree_map(back, result)
+
+
+def _check_dtypes(func, args, kwargs) -> None:
+    for value in _flat((*args, *kwargs.values())):
+        dtype = value.dtype if _neuron(value) else value if isinstance(value, torch.dtype) else None
+        if dtype in UNSUPPORTED_DTYPES:
+            raise ValueError(f"Unsupported PyTorch dtype: {dtype} (on Trainium, {func.name()} lowers through JAX, "
+                             "which has no such dtype; use a supported one, e.g. float8_e5m2, int32, bfloat16)")
+
+
+def _check_empty_reduction(func, args) -> None:
+    if host_ops.base_name(func.name()) in NO_IDENTITY_REDUCTIONS and any(
+            isinstance(v, torch.Tensor) and v.numel() == 0 for v in _flat(args)):
+        raise RuntimeError(f"Cannot perform {func.name()} on empty tensor (no identity value)")
+
+
+# ---- ops TorchNeuron does not run on a NeuronCore -----------------------------------------------
+
+def _host_op(func, args, kwargs):
+    """As TorchNeuron's CPU fallback: the op on CPU copies (CPU's arithmetic, the CPU generator), the
+    results copied back; arguments the op writes get its values."""
+    device = next((v.device for v in _flat((*args, *kwargs.values())) if _neuron(v)), None)
+    to_cpu = functools.partial(tree_map, lambda v: v.cpu() if _neuron(v) else v)
+    cpu_args, cpu_kwargs = to_cpu(list(args)), to_cpu(dict(kwargs))
+    if "device" in cpu_kwargs and cpu_kwargs["device"] is not None and \
+            torch.device(cpu_kwargs["device"]).type == BACKEND_NAME:
+        device = device or torch.device(cpu_kwargs["device"])
+        cpu_kwargs["device"] = torch.device("cpu")
+    device = device or torch.device(BACKEND_NAME, torch.accelerator.current_device_index())
+    result = func(*cpu_args, **cpu_kwargs)
+    originals = {}
+    for old, new in zip(_flat((*args, *kwargs.values())), _flat((*cpu_args, *cpu_kwargs.values()))):
+        if _neuron(old) and isinstance(new, torch.Tensor):
+            originals[id(new)] = old
+    for i, (old, new) in enumerate(zip(args, cpu_args)):
+        if i < len(_written(func)) and _written(func)[i] and _neuron(old):
+            _write_back(old, new)
+    for key, value in kwargs.items():
+        if _neuron(value) and key in _out_names(func):
+            _write_back(value, cpu_kwargs[key])
+
+    def back(value):
+        if isinstance(value, torch.Tensor) and id(value) in originals:
+            return originals[id(value)]
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    return tree_map(back, result)
+
+
+def _dropout(func, args, kwargs):
+    """``native_dropout`` as TorchNeuron writes it: the mask drawn on the CPU generator."""
+    names = _names(func)
+    bound = {**dict(zip(names, args)), **kwargs}
+    x, p, train = bound["input"], float(bound["p"]), bound.get("train")
+    if train is None:
+        train = True
+    if train and not 0.0 <= p <= 1.0:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not train or p == 0.0:
+        mask, scale = torch.ones(x.shape, dtype=torch.bool, device=x.device), 1.0
+    elif p == 1.0:
+        mask, scale = torch.zeros(x.shape, dtype=torch.bool, device=x.device), 0.0
+    else:
+        mask = torch.bernoulli(torch.empty(x.shape, dtype=torch.bool), 1.0 - p).to(x.device)
+        scale = 1.0 / (1.0 - p)
+    return _device_op(torch.ops.aten.mul.Tensor, (x * mask.to(x.dtype), scale), {}), mask
+
+
+# ---- collectives -------------------------------------------------------------------------------
+
+def _as_sent(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.int64:
+        return _wrap32(t)
+    if t.dtype == torch.float64:
+        return t.to(torch.float32).to(torch.float64)
+    return t
+
+
+def _collective(func, args, kwargs):
+    """What TorchNeuron's process group sends: int64 as int32, float64 as float32. Inputs are sent
+    narrowed (copies, unless the collective writes them anyway) and the results narrowed once the
+    collective completed."""
+    names = _names(func)
+    new_args, touched = [], []
+    for i, value in enumerate(args):
+        tensors = [v for v in _flat([value]) if _neuron(v) and v.dtype in (torch.int64, torch.float64)]
+        if not tensors:
+            new_args.append(value)
+            continue
+        sent, received = _collective_role(func, names[i] if i < len(names) else "")
+        if received:
+            touched.extend(tensors)
+        if sent and received:  # sent and received in place (all_reduce, broadcast)
+            with torch.no_grad():
+                for t in tensors:
+                    t.copy_(_as_sent(t))
+        elif sent:  # sent only: narrowed copies, the caller's tensors unchanged
+            value = tree_map(lambda v: _as_sent(v) if _neuron(v) else v, value)
+        new_args.append(value)
+    result = func(*new_args, **kwargs)
+    if touched:
+        from torch.distributed import Work
+
+        for value in _flat(result if isinstance(result, (list, tuple)) else [result]):
+            if isinstance(value, torch.ScriptObject):  # the collective's Work: its results are not there yet
+                Work.unbox(value).wait()
+        with torch.no_grad():
+            for t in touched:
+                t.copy_(_as_sent(t))
+    return result
+
+
+def _collective_role(func, name: str) -> tuple[bool, bool]:
+    """(sent, received) for an argument of a c10d op: its schemas carry no alias annotations, but their
+    names say it (output_tensors, input_tensors; `tensors` both, except for send and recv)."""
+    if name.startswith("output"):
+        return False, True
+    if name.startswith("input"):
+        return True, False
+    if name != "tensors":
+        return False, False
+    op = func.name().split("::")[-1].split(".")[0]
+    return op != "recv_", op != "send"
+
+
+_RULES: dict[str, Callable] = {"device": _device_op, "host": _host_op, "dropout": _dropout,
+                               "collective": _collective}
+
+
+class TrainiumSemantics(TorchDispatchMode):
+    """Eager ops on neuron tensors as TorchNeuron computes them (see the module's docstring)."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # torch.compile compiles as usual: compiled graphs keep the executor's rules
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _touches_neuron(args, kwargs):
+            return func(*args, **kwargs)
+        kind = _kind(func)
+        if kind == "move":
+            _check_memory_format(func, args, kwargs)
+            return func(*args, **kwargs)
+        return _RULES[kind](func, args, kwargs)
+
+
+def _check_memory_format(func, args, kwargs) -> None:
+    if host_ops.base_name(func.name()) in ("_to_copy", "contiguous") and kwargs.get("memory_format") not in _FORMATS_OK:
+        raise RuntimeError(f"{func.name().split('.')[0]}: {MEMORY_FORMAT_ERROR}")
+
+
+class _InvalidChoice(TorchDispatchMode):
+    """An invalid TORCH_NEURONX_EAGER_SEMANTICS: every neuron op says so, rather than run as CPU would."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _touches_neuron(args, kwargs):
+            raise ValueError(self.message)
+        return func(*args, **kwargs)
+
+
+_installed: TorchDispatchMode | None = None
+
+
+def current() -> str:
+    """The eager semantics of this thread: "trainium" or "cpu"."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return "trainium" if any(isinstance(m, TrainiumSemantics) for m in _get_current_dispatch_mode_stack()) else "cpu"
+
+
+@contextlib.contextmanager
+def eager_semantics(choice: str = "trainium"):
+    """Within this block (this thread), eager neuron ops follow ``choice``: "trainium" or "cpu"."""
+    if choice not in CHOICES:
+        raise ValueError(f"eager semantics {choice!r} is not one of {', '.join(CHOICES)}")
+    if choice == "cpu" or current() == "trainium":
+        if choice == "cpu" and current() == "trainium":
+            with torch.utils._python_dispatch._disable_current_modes():
+                yield
+            return
+        yield
+        return
+    with TrainiumSemantics():
+        yield
+
+
+def install() -> None:
+    """Read TORCH_NEURONX_EAGER_SEMANTICS (at registration) and, for "trainium", apply it to this thread."""
+    global _installed
+    value = os.environ.get(ENV, "").strip().lower() or "cpu"
+    if value == "cpu" or _installed is not None:
+        return
+    if value in CHOICES:
+        _installed = TrainiumSemantics()
+    else:
+        _installed = _InvalidChoice(f"{ENV}={os.environ[ENV]!r} is invalid: use 'cpu' (the default: CPU's "
+                                    "arithmetic) or 'trainium' (TorchNeuron's eager semantics)")
+    _push_mode(_installed)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (tests), when its mode is the innermost one."""
+    global _installed
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if _installed is not None and _get_current_dispatch_mode() is _installed:
+        _pop_mode()
+        _installed = None
