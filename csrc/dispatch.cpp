@@ -50,7 +50,7 @@ c10::Storage CallContext::alias_storage(const c10::Storage& s) {
 
 at::Tensor CallContext::alias(const at::Tensor& t, bool cpu_ok) {
   if (!t.defined()) return t;
-  if (C10_UNLIKELY(op_tracking_level() >= 2)) observed_inputs_.push_back(t);
+  if (C10_UNLIKELY(op_tracking_level() >= 2) && observe_arguments_) observed_inputs_.push_back(t);
   const auto type = t.device().type();
   if (type != kNeuron) {
     if (!cpu_ok && t.dim() > 0 && type == c10::DeviceType::CPU) saw_cpu_tensor_ = true;

@@ -62,6 +62,10 @@ class CallContext {
   // Recorded only when diagnostics observe calls (level 2): every tensor
   // argument (neuron or CPU) in argument order, and the neuron results.
   const c10::SmallVector<at::Tensor, 4>& observed_inputs() const { return observed_inputs_; }
+  // Arguments aliased (and results mapped) while this is off are not observed: a collective's output
+  // buffers, whose values the call does not read (and has not written yet when it returns: Gloo is
+  // asynchronous).
+  void set_observe_arguments(bool on) { observe_arguments_ = on; }
   const c10::SmallVector<at::Tensor, 2>& observed_results() const { return observed_results_; }
 
   // The CPU alias of a tensor argument (CPU tensors pass through). A CPU tensor
@@ -85,7 +89,9 @@ class CallContext {
   // itself, a view of an aliased storage to a neuron view, fresh memory is adopted.
   at::Tensor to_neuron(const at::Tensor& cpu_result) {
     at::Tensor result = to_neuron_impl(cpu_result);
-    if (C10_UNLIKELY(op_tracking_level() >= 2) && result.defined()) observed_results_.push_back(result);
+    if (C10_UNLIKELY(op_tracking_level() >= 2) && observe_arguments_ && result.defined()) {
+      observed_results_.push_back(result);
+    }
     return result;
   }
   // Propagate what the kernel did to aliased arguments (resize, set_, restride).
@@ -122,6 +128,7 @@ class CallContext {
   c10::DeviceIndex other_neuron_device_ = -1;
   c10::DeviceIndex output_device_ = -1;
   bool saw_cpu_tensor_ = false;
+  bool observe_arguments_ = true;
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;
   c10::SmallVector<AdoptedPair, 2> adopted_;

@@ -78,8 +78,15 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool index_off_device = false;
   c10::Device indexed(c10::DeviceType::CPU);  // the first argument's device: `self`, for index lists
   c10::SmallVector<size_t, 2> default_generator_slots;
+  // A collective's output buffers (c10d's `output*` arguments, `recv_`'s tensors) are written, never read.
+  const bool collective = op_tracking_level() >= 2 && schema.name().rfind("c10d::", 0) == 0;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
+    if (C10_UNLIKELY(collective)) {
+      const auto& name = arguments[i].name();
+      ctx.set_observe_arguments(name.rfind("output", 0) != 0 && schema.name() != "c10d::recv_" &&
+                                schema.name() != "c10d::recv_any_source_");
+    }
     if (v.isTensor()) {
       if (i == 0 && v.toTensor().defined()) indexed = v.toTensor().device();  // `self` of index ops
       v = ctx.alias(v.toTensor());
@@ -104,6 +111,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (storage.device_type() == kNeuron) v = ctx.alias_storage(storage);
     }
   }
+  if (C10_UNLIKELY(collective)) ctx.set_observe_arguments(false);  // its results are those buffers too
   // PyTorch's message for CUDA indices on another device than the indexed tensor (or a CPU one).
   TORCH_CHECK(!index_off_device, "indices should be either on cpu or on the same device as the indexed tensor (",
               indexed.str(), ")");

@@ -37,6 +37,27 @@ def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported)
     assert reports == [f"{rank} {reported} {n} node=0 core={rank}" for rank, n in enumerate(in_pair)]
 
 
+WIDE_CHECKS = 6  # what tests/distributed/wide_dtypes.py checks on each rank
+
+
+@pytest.mark.parametrize("semantics", ["trainium", "cpu"])
+def test_collectives_send_int64_and_float64_as_torchneuron_does_under_its_semantics(tmp_path, semantics):
+    """python_ops/xla_builder/op_impl.py: TorchNeuron's collectives run under autocast_neuron, so int64
+    goes as int32 and float64 as float32; the default semantics send them exactly."""
+    reports = torchrun("wide_dtypes.py", 2, tmp_path, TORCH_NEURONX_EAGER_SEMANTICS=semantics)
+    assert reports == [f"{rank} {WIDE_CHECKS}" for rank in range(2)]
+
+
+def test_the_report_names_int64_values_a_collective_sends_not_the_buffers_it_will_fill(tmp_path):
+    reports = torchrun("wide_dtypes.py", 2, tmp_path, OBSERVE="1")
+    with open(os.path.join(HERE, "distributed", "wide_dtypes.py")) as f:
+        line = next(i for i, text in enumerate(f.read().splitlines(), 1) if text.startswith("dist.all_reduce(t)"))
+    # the all_reduce and the all_gather of values beyond int32, on both ranks; not DDP's metadata exchange, nor
+    # the copies (they move int64 as it is)
+    assert reports == [f"{rank} {WIDE_CHECKS} {line}:c10d::allreduce_;{line + 7}:c10d::allgather_"
+                       for rank in range(2)], reports
+
+
 def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
     """Run tests/distributed/<script> as on `nodes` hosts: one torchrun launcher per node, started
     separately and joined by c10d rendezvous (loopback addresses only); each rank's report, sorted

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model, unsupported_ops
+from torch_neuronx.diagnostics import cost_model
+from torch_neuronx.python_ops import host_ops, trainium_semantics
 from torch_neuronx.runtime import BACKEND_NAME
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -50,6 +51,17 @@ KINDS = {
         "would-fail", "this op of a compiled graph does not lower to StableHLO, so neuronx-cc never gets the "
         "graph: the compile fails on Trainium",
         "replace the op with ones that lower, or run it outside the compiled function"),
+    "layout-change": Kind(
+        "would-fail", "TorchNeuron refuses a copy that changes the memory format of a neuron tensor (only "
+        "contiguous or preserve): this copy raises", "keep the default memory format on neuron: drop "
+        ".to(memory_format=torch.channels_last) / .contiguous(memory_format=...) for neuron tensors"),
+    "unsupported-dtype": Kind(
+        "would-fail", "TorchNeuron lowers this op through JAX, which has no such dtype: the op raises "
+        "ValueError (\"Unsupported PyTorch dtype\")",
+        "use a dtype Trainium's eager ops take: float8_e5m2 for float8_e4m3fn, int32 for uint16/uint32/uint64"),
+    "empty-reduction": Kind(
+        "would-fail", "TorchNeuron has no result for a reduction without an identity (max, min, argmax, ...) "
+        "over an empty tensor: it raises", "check for an empty tensor before reducing: if t.numel(): ..."),
     "memory": Kind(
         "would-fail", "the peak memory of this core exceeds its HBM: the program runs out of memory",
         "shard the model over more cores (FSDP, tensor parallel), or use a smaller batch"),
@@ -122,6 +134,51 @@ def user_site() -> tuple[str, bool]:
     return site, printing
 
 
+def _layout(t: torch.Tensor) -> str:
+    if t.is_contiguous():
+        return "contiguous"
+    for name, fmt in (("channels_last", torch.channels_last), ("channels_last_3d", torch.channels_last_3d)):
+        if t.dim() == (4 if fmt is torch.channels_last else 5) and t.is_contiguous(memory_format=fmt):
+            return name
+    return "strided"
+
+
+def _computes(op: str) -> bool:
+    """Whether TorchNeuron computes this op on a NeuronCore (in 32 bits): copies move int64 values as
+    they are, and ops it runs on the CPU compute them in 64 bits."""
+    return trainium_semantics.op_kind(op) in ("device", "collective", "dropout")
+
+
+def _may_change_layout(op: str, inputs) -> bool:
+    """A copy of a 4-D or 5-D tensor: whether it changes the memory format shows in each call's strides,
+    which the signature leaves out, so every such call is looked at."""
+    return cost_model.base_name(op) == "_to_copy" and any(t.dim() in (4, 5) for t in inputs)
+
+
+def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
+    """What TorchNeuron's eager rules (python_ops/trainium_semantics.py) make of this call: a copy that
+    changes the memory format, a dtype its JAX lowering lacks, a reduction without identity over
+    nothing. Each raises on Trainium."""
+    neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
+    if not neuron:
+        return []
+    kind = trainium_semantics.op_kind(op)
+    base = cost_model.base_name(op)
+    hits = []
+    if base == "_to_copy" and inputs and results:
+        before, after = _layout(inputs[0]), _layout(results[0])
+        if after.startswith("channels_last") and before != after:
+            hits.append(("layout-change", f"a copy to {after} memory format"))
+    if kind == "device":
+        unsupported = sorted({str(t.dtype).replace("torch.", "") for t in neuron
+                              if t.dtype in trainium_semantics.UNSUPPORTED_DTYPES})
+        if unsupported:
+            hits.append(("unsupported-dtype", f"{', '.join(unsupported)} tensors"))
+        if base in trainium_semantics.NO_IDENTITY_REDUCTIONS and any(t.numel() == 0 for t in inputs):
+            hits.append(("empty-reduction", "an empty input"))
+    return hits
+
+
 class Detector:
     """Turns observed calls into findings, aggregated by (kind, op, site)."""
 
@@ -141,7 +198,7 @@ class Detector:
     def _op_hits(op: str, wide: set[str]) -> list[tuple[str, str]]:
         """What the op itself, and the float64/complex128 dtypes it saw on neuron, would do on Trainium."""
         hits = []
-        entry = unsupported_ops.lookup(op)
+        entry = host_ops.lookup(op)
         if cost_model.uses_generator(op):  # most are in the table too: one finding says it
             hits.append(("device-rng", "draws random numbers on neuron"))
         elif entry is not None:
@@ -159,13 +216,15 @@ class Detector:
             if dtype is torch.float64 or dtype is torch.complex128:
                 if t.device.type == BACKEND_NAME:
                     wide.add(str(dtype).replace("torch.", ""))
-            elif dtype is torch.int64 and out_of_range is None and t.numel() > 0 and t.device.type == BACKEND_NAME:
+            elif dtype is torch.int64 and out_of_range is None and t.numel() > 0 and t.device.type == BACKEND_NAME \
+                    and _computes(op):
                 low, high = (int(v) for v in torch.aminmax(t))
                 if low < INT32_MIN or high > INT32_MAX:
                     out_of_range = f"values in [{low}, {high}] leave the int32 range"
-        hits = self._op_hits(op, wide)
+        hits = self._op_hits(op, wide) + trainium_hits(op, inputs, results)
         if out_of_range is not None:
-            hits.append(("int64-range", out_of_range))
+            hits.append(("int64-range", out_of_range if not op.startswith("c10d::") else
+                         f"{out_of_range}: TorchNeuron's process group sends int64 as int32"))
         sync = self._sync(cost_model.base_name(op), inputs, results)
         if not hits and sync is None:
             return
@@ -182,9 +241,10 @@ class Detector:
         neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
         wide = {str(t.dtype).replace("torch.", "") for t in neuron if t.dtype in (torch.float64, torch.complex128)}
         flags = 0
-        if self._op_hits(op, wide) or self._sync(cost_model.base_name(op), inputs, results) is not None:
+        if self._op_hits(op, wide) or self._sync(cost_model.base_name(op), inputs, results) is not None \
+                or trainium_hits(op, inputs, results) or _may_change_layout(op, inputs):
             flags |= CHECK_EVERY_CALL
-        if any(t.dtype is torch.int64 for t in neuron):
+        if any(t.dtype is torch.int64 for t in neuron) and _computes(op):
             flags |= CHECK_INT64_RANGE
         return flags
 
