@@ -106,7 +106,29 @@ def test_signature_counts_exact(collect):
         "aten::_to_copy(f32[4, 3])": 1,
         "aten::add.Tensor(f32[4, 3], bf16[4, 3])": 1,
     }
-    assert collect().neff_signatures == 5
+    # NEFFs, as TorchNeuron keys its kernels: both mm signatures fall in one 128-row tile (M=4 and M=2
+    # padded to 128), the cast is a copy (no kernel): 3 NEFFs, launched 4 + 2 + 1 times.
+    neffs = {(n["name"], tuple(n["inputs"])): n["launches"] for n in collect().neffs}
+    assert neffs == {("aten::mm", ("f32[128, 8]", "f32[8, 3]")): 4, ("aten::add.Tensor", ("f32[4, 3]", "f32[4, 3]")): 2,
+                     ("aten::add.Tensor", ("f32[4, 3]", "bf16[4, 3]")): 1}
+
+
+def test_mm_is_tiled_by_rows_as_torchneuron_tiles_it():
+    """python_ops/jax/config.py, TilingConfig: the largest of 8192..128 rows that fits, the last tile padded."""
+    from torch_neuronx.diagnostics import neff_forecast
+    from torch_neuronx.diagnostics.cost_model import TensorMeta
+
+    assert neff_forecast.mm_tiles(1000) == [512, 256, 128, 128]
+    assert neff_forecast.mm_tiles(8192 + 300) == [8192, 256, 128]
+    assert neff_forecast.mm_tiles(64) == [128]
+    a, b = TensorMeta((1000, 64), torch.float32, N), TensorMeta((64, 32), torch.float32, N)
+    neffs = neff_forecast.eager_neffs("aten::mm", (a, b), calls=2)
+    assert sorted((n.inputs[0], n.launches) for n in neffs) == [("f32[128, 64]", 4), ("f32[256, 64]", 2),
+                                                                 ("f32[512, 64]", 2)]
+    # nothing to compile: ops TorchNeuron runs on the CPU, copies, empty inputs
+    assert not neff_forecast.eager_neffs("aten::linalg_inv_ex", (a,), 1)
+    assert not neff_forecast.eager_neffs("aten::_to_copy", (a,), 1)
+    assert not neff_forecast.eager_neffs("aten::add.Tensor", (TensorMeta((0, 3), torch.float32, N),) * 2, 1)
 
 
 # ---- findings: each in a bad program, none in a clean one ---------------------------------------
@@ -124,9 +146,37 @@ def test_float64(collect):
 def test_int64_out_of_int32_range(collect):
     torch.tensor([5, -7], device=N) + 1
     assert "int64-range" not in kinds(collect())
-    torch.tensor([2**31], device=N); site = here()
+    big = torch.tensor([2**31], device=N)  # a copy: TorchNeuron moves int64 values as they are
+    assert "int64-range" not in kinds(collect())
+    big - 1; site = here()  # computed in int32 on Trainium: 2**31 does not fit
     (found,) = kinds(collect())["int64-range"]
     assert found["site"] == site and "2147483648" in found["details"][0]
+
+
+def test_what_trainiums_eager_rules_refuse_is_found_and_nothing_else(collect):
+    """With CPU semantics these run here; under TorchNeuron's eager rules (python_ops/cast_policy.py,
+    type_converter_base.py, python_ops/jax/config.py) each raises: a place that would fail."""
+    x = torch.randn(2, 3, 8, 8, device=N)
+    x.to(torch.float16)  # a cast, layout preserved
+    x.clone(memory_format=torch.channels_last)  # clone: not a cast
+    cl = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last).to(N)  # preserved, from the CPU
+    torch.zeros(0, 3, device=N).sum(1)  # a reduction with an identity
+    torch.cat([torch.zeros(2, dtype=torch.float8_e5m2, device=N)] * 2)  # in TorchNeuron's dtype map
+    assert not {"layout-change", "unsupported-dtype", "empty-reduction"} & set(kinds(collect())), kinds(collect())
+    for _ in range(2):
+        x.to(torch.float16)  # the same signature as the next line, which only its strides tell apart
+        x.to(memory_format=torch.channels_last); layout_site = here()
+    cl.to(memory_format=torch.contiguous_format)  # back to contiguous: fine
+    torch.ones(3, dtype=torch.uint16, device=N); dtype_site = here()
+    torch.zeros(0, 3, device=N).amax(1); empty_site = here()
+    found = kinds(collect())
+    (layout,) = found["layout-change"]
+    assert (layout["site"], layout["ops"], layout["count"]) == (layout_site, {"aten::_to_copy": 2}, 2)
+    assert "channels_last" in layout["details"][0] and layout["severity"] == "would-fail"
+    (dtype,) = found["unsupported-dtype"]
+    assert dtype["site"] == dtype_site and "uint16" in dtype["details"][0] and dtype["severity"] == "would-fail"
+    (empty,) = found["empty-reduction"]
+    assert empty["site"] == empty_site and empty["ops"] == {"aten::amax": 1}
 
 
 def test_later_calls_of_a_signature_are_checked(collect):

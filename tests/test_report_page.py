@@ -52,7 +52,7 @@ def test_report_opens_with_the_verdict(run):
     title, verdict = text.splitlines()[:2]
     assert title.startswith("Trainium readiness report") and verdict == data["verdict"]["text"]
     assert verdict.startswith("Verdict (ready with changes): 0 places would fail on Trainium, 2 compute differently, "
-                              "3 run slowly; estimated time on Trainium2 at LNC=2: ")
+                              "3 run slowly; estimated on Trainium2 at LNC=2: a first run of ")
     assert data["verdict"]["places"] == {"would-fail": 0, "computes-differently": 2, "runs-slowly": 3, "near-limit": 0}
     assert text.strip() in stderr  # the same report on stderr and in report.txt
 
@@ -89,7 +89,9 @@ def test_findings_one_row_per_line_and_kind_with_the_code(run):
 def test_numbers_are_readable(run):
     _, text, data, _ = run
     assert "0.0000" not in text and not re.search(r"\b0\.000 ", text)
-    assert re.search(r"estimated time on Trainium2 at LNC=2: \d+(\.\d+)? (ns|µs|ms|s) ", data["verdict"]["text"])
+    number = r"\d+(\.\d+)? (ns|µs|ms|s)"
+    assert re.search(rf"a first run of {number}–{number} \(\d+ NEFFs to compile\), then {number}–{number} per run "
+                     rf"\(\d+ launches; roofline {number}\)", data["verdict"]["text"]), data["verdict"]["text"]
     for row in data["memory"]:
         assert f"{row['device']}: " in text
     # The timeline starts at the first neuron allocation, and the table's peak bounds it.
@@ -119,15 +121,17 @@ def test_every_surface_has_the_same_sections_in_the_same_order(run):
 
 def test_json_schema(run):
     _, _, data, _ = run
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     top = {"schema_version": int, "verdict": dict, "process": str, "profile": dict, "collected": bool,
-           "findings": list, "sources": list, "estimated_ms": float, "phases": list, "families": list,
-           "signatures": list, "compiled_graphs": list, "neff_signatures": int, "host_syncs": int,
+           "findings": list, "sources": list, "estimated_ms": float, "steady_state_seconds": list,
+           "first_run_seconds": list, "phases": list, "families": list,
+           "signatures": list, "compiled_graphs": list, "neffs": list, "host_syncs": int,
            "executed_ops": dict, "fallback_ops": dict, "memory": list, "memory_timeline": list,
            "memory_timeline_device": str, "assumptions": list}
     assert list(data) == list(top)  # the order too: the verdict first, as every surface shows it
     assert all(isinstance(data[key], kind) for key, kind in top.items()), {k: type(v) for k, v in data.items()}
-    assert set(data["verdict"]) == {"status", "places", "estimated_ms", "text"}
+    assert set(data["verdict"]) == {"status", "places", "estimated_ms", "neffs", "first_run_seconds",
+                                    "steady_state_seconds", "text"}
     row = {"severity": str, "kind": str, "site": str, "file": (str, type(None)), "line": (int, type(None)),
            "code": str, "context": list, "ops": dict, "count": int, "details": list, "meaning": str, "fix": str,
            "sources": list}
@@ -136,11 +140,35 @@ def test_json_schema(run):
     for source in data["sources"]:
         assert set(source) == {"id", "name", "url"} and source["url"].startswith("https://")
     assert set(data["phases"][0]) == {"name", "wall_s", "eager_calls", "compiled_graph_calls", "estimated_ms",
-                                      "families"}
+                                      "launches", "steady_state_ms", "families"}
+    assert all(set(n) == {"kind", "name", "inputs", "calls", "launches"} for n in data["neffs"])
     assert set(data["families"][0]) == {"family", "calls", "flops", "bytes", "estimated_ms", "bound"}
     assert set(data["signatures"][0]) == {"op", "inputs", "family", "calls", "flops", "bytes", "estimated_us"}
     assert set(data["memory"][0]) == {"device", "peak_bytes", "emulated_capacity_bytes"}
     assert all(len(point) == 2 for point in data["memory_timeline"])
+
+
+def test_the_first_run_is_counted_in_neffs_and_seconds(run):
+    """train_small.py compiles one NEFF per distinct eager kernel key (op, shapes, dtypes), none for its
+    views, host transfers and random ops (which TorchNeuron runs on the CPU); the first run costs
+    their compiles (1.4-5.1 s each) plus a warm run, which costs its launches plus the roofline time."""
+    from torch_neuronx.diagnostics import neff_forecast
+
+    _, text, data, _ = run
+    neffs, verdict = data["neffs"], data["verdict"]
+    names = {n["name"] for n in neffs}
+    assert verdict["neffs"] == len(neffs) == len({(n["name"], tuple(n["inputs"])) for n in neffs}) > 5
+    assert {"aten::mm", "aten::addmm"} & names and not names & {"aten::normal_", "aten::_to_copy", "aten::view",
+                                                                "aten::_local_scalar_dense"}, names
+    launches = sum(n["launches"] for n in neffs)
+    low, high = neff_forecast.EAGER_LAUNCH_SECONDS
+    roofline = data["estimated_ms"] / 1e3
+    assert verdict["steady_state_seconds"] == pytest.approx([roofline + launches * low, roofline + launches * high])
+    compile_low, compile_high = neff_forecast.COMPILE_SECONDS
+    assert verdict["first_run_seconds"] == pytest.approx([len(neffs) * compile_low + roofline + launches * low,
+                                                          len(neffs) * compile_high + roofline + launches * high])
+    assert 1 < verdict["first_run_seconds"][0] < verdict["first_run_seconds"][1] < 600  # seconds, not ns
+    assert f"({len(neffs)} NEFFs to compile)" in text.splitlines()[1]
 
 
 # ---- in a real browser ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from torch_neuronx.diagnostics import text
 from torch_neuronx.diagnostics.cost_model import NOT_ESTIMATED
 from torch_neuronx.diagnostics.text import count, estimate
 from torch_neuronx.runtime import format_bytes
-from torch_neuronx.runtime.units import format_seconds
+from torch_neuronx.runtime.units import format_seconds, seconds_range
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1150px;padding:0 1.5em;
@@ -65,7 +65,10 @@ def _verdict(report) -> str:
     counts = "".join(f"<li><b>{n}</b>{'place' if n == 1 else 'places'} {escape(labels[severity][n != 1])}</li>"
                      for severity, n in v["places"].items() if severity != "near-limit" or n)
     if report.collected:
-        counts += f"<li><b>{escape(estimate(report.estimated_ms))}</b>estimated on {escape(report.profile['chip'])}</li>"
+        counts += (f"<li><b>{len(report.neffs)}</b>NEFFs to compile</li>"
+                   f"<li><b>{escape(seconds_range(report.first_run_seconds))}</b>first run on "
+                   f"{escape(report.profile['chip'])}</li>"
+                   f"<li><b>{escape(seconds_range(report.steady_state_seconds))}</b>each run after</li>")
     status = v["status"].replace(" ", "-")
     return (f"<section id=\"verdict\" class=\"st-{status}\"><p class=\"status\">{escape(v['status'])}</p>"
             f"<p class=\"line\">{escape(v['text'])}</p><ul>{counts}</ul></section>")
@@ -146,8 +149,8 @@ def _share(part: float, whole: float) -> str:
 def _estimate(report) -> str:
     families = [[r.family, r.calls, count(r.flops), format_bytes(r.bytes),
                  estimate(r.estimated_ms, r.bound != "not estimated"), r.bound] for r in report.families]
-    phases = [[p.name, format_seconds(p.wall_s), p.eager_calls, p.compiled_graph_calls, estimate(p.estimated_ms)]
-              for p in report.phases]
+    phases = [[p.name, format_seconds(p.wall_s), p.eager_calls, p.compiled_graph_calls, estimate(p.estimated_ms),
+               p.launches, seconds_range(tuple(ms / 1e3 for ms in p.steady_state_ms))] for p in report.phases]
     shown = report.signatures[:text.TOP_SIGNATURES * 4]
     return "".join([
         f"<section id=\"estimate\"><h2>ESTIMATED time on {escape(report.profile['chip'])} at LNC="
@@ -156,7 +159,8 @@ def _estimate(report) -> str:
         "(see the assumptions), not measurements: every op ran on this host's CPU.</p>",
         "<h3>By phase and op family</h3>", phase_family_chart(report.phases, report.families),
         _table(["op family", "calls", "FLOPs", "bytes", "est. time", "bound"], families, numeric={1, 2, 3, 4}),
-        _table(["phase", "wall time here", "eager calls", "graph calls", "est. time"], phases, numeric={1, 2, 3, 4}),
+        _table(["phase", "wall time here", "eager calls", "graph calls", "roofline", "launches", "with launches"],
+               phases, numeric={1, 2, 3, 4, 5, 6}),
         f"<h3>Top signatures by estimated time ({len(shown)} of {len(report.signatures)})</h3>",
         _table(["op", "inputs", "family", "calls", "est. time each"],
                [[s.op, ", ".join(s.inputs), s.family, s.calls, estimate(s.estimated_us / 1e3, s.family not in
@@ -172,9 +176,14 @@ def _what_ran(report) -> str:
              f"on Trainium, {len(report.fallback_ops)} of them would run on the CPU"
              f"{escape(f' ({fallback})') if fallback else ''}.</p>"]
     if report.collected:
-        parts.append(f"<p>{report.neff_signatures} eager op signatures (op, shapes, dtypes): as many NEFF compiles in "
-                     f"TorchNeuron's eager mode. {len(report.compiled_graphs)} compiled graphs (one NEFF each); "
-                     f"{report.host_syncs} host&lt;-&gt;device transfers and .item() calls.</p>")
+        eager = [n for n in report.neffs if n["kind"] == "eager"]
+        parts.append(f"<p>{len(report.neffs)} NEFFs for a first run to compile: {len(eager)} for eager ops (TorchNeuron's "
+                     f"kernel key: op, shapes, dtypes; aten::mm by row tile) and {len(report.neffs) - len(eager)} for "
+                     f"compiled graphs; {report.host_syncs} host&lt;-&gt;device transfers and .item() calls.</p>")
+        parts.append("<h3>The NEFF forecast</h3>" + _table(
+            ["NEFF", "kind", "inputs", "calls", "launches"],
+            [[n["name"], n["kind"], ", ".join(n["inputs"]), n["calls"], n["launches"]] for n in report.neffs],
+            numeric={3, 4}))
     if report.compiled_graphs:
         parts.append("<h3>Compiled graphs lowered to StableHLO</h3>" + _table(
             ["graph", "calls", "lowering", "StableHLO ops", "lowering time"],

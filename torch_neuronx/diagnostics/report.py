@@ -5,6 +5,7 @@ goes away).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -12,12 +13,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model, findings, observer, op_tracking, places, unsupported_ops
+from torch_neuronx.diagnostics import cost_model, findings, neff_forecast, observer, op_tracking, places
+from torch_neuronx.python_ops import host_ops
 from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware
-from torch_neuronx.runtime.units import format_seconds
+from torch_neuronx.runtime.units import format_seconds, seconds_range
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the NEFF forecast, first-run and steady-state ranges, launches per phase
 TIMELINE_POINTS = 400
 
 
@@ -48,7 +50,9 @@ class PhaseRow:
     wall_s: float
     eager_calls: int
     compiled_graph_calls: int
-    estimated_ms: float
+    estimated_ms: float  # the roofline time
+    launches: int  # NEFF launches (eager op launches and compiled graph calls)
+    steady_state_ms: tuple[float, float]  # (low, high): the roofline time plus the launches
     families: list[FamilyRow]
 
 
@@ -70,12 +74,14 @@ class Report:
     collected: bool
     findings: list[dict]  # one row per source line and kind, worst first (see places.rows)
     sources: list[dict]  # the footnotes findings cite by id: name and url
-    estimated_ms: float
+    estimated_ms: float  # the roofline time of the run's calls
+    steady_state_seconds: tuple[float, float]  # a warm run on Trainium: roofline + launches (low, high)
+    first_run_seconds: tuple[float, float]  # a cold run: every NEFF compiled, then the run (low, high)
     phases: list[PhaseRow]
     families: list[FamilyRow]
     signatures: list[SignatureRow]
     compiled_graphs: list[dict]
-    neff_signatures: int  # distinct eager signatures: NEFF compiles in TorchNeuron's eager mode
+    neffs: list[dict]  # the NEFF forecast: what a first run compiles (neff_forecast.Neff), most launched first
     host_syncs: int  # host<->device copies and .item() calls
     executed_ops: dict[str, int]
     fallback_ops: dict[str, int]
@@ -94,6 +100,11 @@ class Report:
         from torch_neuronx.diagnostics import text
 
         return text.render(self)
+
+
+def graph_kind(graph) -> str:
+    """A compiled graph's kind (forward, backward, inference), when the compiler said."""
+    return getattr(graph, "kind", None) or "compiled graph"
 
 
 def _call_family(signature: observer.Signature, results: tuple[TensorMeta, ...]) -> str:
@@ -182,14 +193,23 @@ def verdict(report: Report) -> dict:
              f"{_plural(differ, 'computes', 'compute')} differently, {_plural(slow, 'runs', 'run')} slowly"
              + (f", {_plural(limit, 'is', 'are')} near a limit" if limit else ""))
     profile = report.profile
+    neffs = len(report.neffs)
     if report.collected:
-        estimate = (f"estimated time on {profile['chip']} at LNC={profile['lnc']}: "
-                    f"{format_seconds(report.estimated_ms / 1e3)} (a roofline estimate, not a measurement)")
+        estimate = (f"estimated on {profile['chip']} at LNC={profile['lnc']}: a first run of "
+                    f"{seconds_range(report.first_run_seconds)} ({_plural(neffs, 'NEFF', 'NEFFs')} to compile), then "
+                    f"{seconds_range(report.steady_state_seconds)} per run ({_plural(_launches(report), 'launch', 'launches')}"
+                    f"; roofline {format_seconds(report.estimated_ms / 1e3)}); an estimate, not a measurement")
     else:
         status = "not checked"
         estimate = "calls were not observed, so there is no estimate and only memory was checked"
-    return {"status": status, "places": counts, "estimated_ms": report.estimated_ms,
+    return {"status": status, "places": counts, "estimated_ms": report.estimated_ms, "neffs": neffs,
+            "first_run_seconds": list(report.first_run_seconds),
+            "steady_state_seconds": list(report.steady_state_seconds),
             "text": f"Verdict ({status}): {where}; {estimate}."}
+
+
+def _launches(report: Report) -> int:
+    return sum(n["launches"] for n in report.neffs)
 
 
 def _from_first_allocation(timeline: list[tuple[float, int]]) -> list[tuple[float, int]]:
@@ -239,12 +259,13 @@ def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
     executed = op_tracking.get_op_counts()
     timeline_device = f"{BACKEND_NAME}:{torch.neuron.current_device()}" if torch.neuron.is_initialized() else ""
     return Report(schema_version=SCHEMA_VERSION, verdict={}, process=_process(), profile=profile.as_dict(),
-                  collected=collected, findings=[], sources=[], estimated_ms=0.0, phases=[],
-                  families=[], signatures=[], compiled_graphs=[], neff_signatures=0, host_syncs=0,
+                  collected=collected, findings=[], sources=[], estimated_ms=0.0, steady_state_seconds=(0.0, 0.0),
+                  first_run_seconds=(0.0, 0.0), phases=[], families=[], signatures=[], compiled_graphs=[], neffs=[],
+                  host_syncs=0,
                   executed_ops=executed,
-                  fallback_ops={n: c for n, c in executed.items() if unsupported_ops.lookup(n)},
+                  fallback_ops={n: c for n, c in executed.items() if host_ops.lookup(n)},
                   memory=_memory_rows(), memory_timeline=[], memory_timeline_device=timeline_device,
-                  assumptions=cost_model.assumptions(profile))
+                  assumptions=cost_model.assumptions(profile) + neff_forecast.assumptions())
 
 
 def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: list, results: dict,
@@ -272,8 +293,13 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
         if not phase_costs:
             continue
         rows = _family_rows(phase_costs)
+        roofline_ms = sum(r.estimated_ms for r in rows)
+        neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in calls_by_key.items()},
+                                       [(g, graph_kind(graphs[g]), n) for g, n in graph_calls.items() if g in graphs])
         report.phases.append(PhaseRow(name, seconds, sum(calls_by_key.values()), sum(graph_calls.values()),
-                                      sum(r.estimated_ms for r in rows), rows))
+                                      roofline_ms, sum(n.launches for n in neffs),
+                                      tuple(s * 1e3 for s in neff_forecast.steady_state_seconds(roofline_ms / 1e3,
+                                                                                                neffs)), rows))
         all_costs.extend(phase_costs)
     report.families = _family_rows(all_costs)
     report.estimated_ms = sum(r.estimated_ms for r in report.families)
@@ -281,7 +307,15 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
         (SignatureRow(signatures[k].op, [str(m) for m in signatures[k].inputs], costs[k][0], calls, costs[k][1].flops,
                       costs[k][1].bytes, costs[k][1].seconds * 1e6) for k, calls in totals.items()),
         key=lambda r: (-r.estimated_us * r.calls, r.op))
-    report.neff_signatures = sum(1 for k in totals if costs[k][0] not in NOT_ESTIMATED)
+    graph_calls_total: Counter = Counter()
+    for _, _, _, graph_calls in phases:
+        graph_calls_total.update(graph_calls)
+    neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in totals.items()},
+                                   [(name, graph_kind(g), graph_calls_total.get(name, 0))
+                                                  for name, g in graphs.items()])
+    report.neffs = [dataclasses.asdict(n) for n in neffs]
+    report.steady_state_seconds = neff_forecast.steady_state_seconds(report.estimated_ms / 1e3, neffs)
+    report.first_run_seconds = neff_forecast.first_run_seconds(report.estimated_ms / 1e3, neffs)
     report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
         {"name": name, "ops": len(g.ops), "calls": sum(p[3].get(name, 0) for p in phases),

@@ -9,7 +9,7 @@ import sys
 from torch_neuronx.diagnostics import findings, places
 from torch_neuronx.diagnostics.cost_model import NOT_ESTIMATED
 from torch_neuronx.runtime import format_bytes
-from torch_neuronx.runtime.units import format_seconds
+from torch_neuronx.runtime.units import format_seconds, seconds_range
 
 TOP_SIGNATURES = 12
 
@@ -98,10 +98,12 @@ def _estimate(report) -> list[str]:
              f"measurement): {estimate(report.estimated_ms)}"]
     lines.extend(_families(report.families))
     lines.append("")
-    lines.append(f"  {'phase':<32} {'wall time here':>14} {'eager calls':>11} {'graph calls':>11} {'est. time':>10}")
+    lines.append(f"  {'phase':<32} {'wall time here':>14} {'eager calls':>11} {'graph calls':>11} {'roofline':>10} "
+                 f"{'launches':>9}  with launches")
     for p in report.phases:
         lines.append(f"  {p.name[:32]:<32} {format_seconds(p.wall_s):>14} {p.eager_calls:>11} "
-                     f"{p.compiled_graph_calls:>11} {estimate(p.estimated_ms):>10}")
+                     f"{p.compiled_graph_calls:>11} {estimate(p.estimated_ms):>10} {p.launches:>9}  "
+                     f"{seconds_range(tuple(ms / 1e3 for ms in p.steady_state_ms))}")
     lines.append("")
     shown = report.signatures[:TOP_SIGNATURES]
     lines.append(f"  Top signatures by estimated time ({len(shown)} of {len(report.signatures)}):")
@@ -117,10 +119,12 @@ def _what_ran(report) -> list[str]:
              f"{len(report.fallback_ops)} of them would run on the CPU"
              + (f" ({', '.join(report.fallback_ops)})" if report.fallback_ops else "")]
     if report.collected:
-        lines.append(f"  Eager op signatures (op, shapes, dtypes): {report.neff_signatures}, as many NEFF compiles "
-                     "in TorchNeuron's eager mode (its first-run warm-up)")
-        lines.append(f"  Compiled graphs: {len(report.compiled_graphs)} (one NEFF each); host<->device transfers "
-                     f"and .item(): {report.host_syncs}")
+        eager = sum(1 for n in report.neffs if n["kind"] == "eager")
+        lines.append(f"  NEFFs a first run compiles: {len(report.neffs)}: {eager} for eager ops (TorchNeuron's kernel "
+                     f"key: op, shapes, dtypes; aten::mm by row tile), {len(report.neffs) - eager} for compiled graphs "
+                     "(the list: report.json and report.html)")
+        lines.append(f"  Compiled graphs: {len(report.compiled_graphs)}; host<->device transfers and .item(): "
+                     f"{report.host_syncs}")
         lines.extend(_lowering_lines(report.compiled_graphs))
     return lines
 

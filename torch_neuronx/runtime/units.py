@@ -29,3 +29,8 @@ def format_seconds(seconds: float) -> str:
     if scaled < 0.01:
         return f"{sign}<0.01 ns"
     return f"{sign}{scaled:.3g} {unit}" if scaled < 999.5 else f"{sign}{scaled:.0f} {unit}"
+
+
+def seconds_range(seconds) -> str:
+    """'1.2 s–4.5 s': a (low, high) range of seconds."""
+    return f"{format_seconds(seconds[0])}–{format_seconds(seconds[1])}"
