@@ -131,6 +131,7 @@ def _written(func) -> tuple[bool, ...]:
     return tuple(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
+@functools.lru_cache(maxsize=None)
 def _names(func) -> tuple[str, ...]:
     return tuple(a.name for a in func._schema.arguments)
 
@@ -156,27 +157,23 @@ def _narrow(value, in_list: bool, seen: dict):
     return value
 
 
-def _narrow_all(args, kwargs, skip: frozenset[str], names: tuple[str, ...], seen: dict):
-    new_args = []
-    for i, value in enumerate(args):
-        if i < len(names) and names[i] in skip:
-            new_args.append(value)
-        elif isinstance(value, (list, tuple)):
-            new_args.append(type(value)(_narrow(v, True, seen) for v in value))
-        else:
-            new_args.append(_narrow(value, False, seen))
-    new_kwargs = {}
-    for key, value in kwargs.items():
-        if key in skip:
-            new_kwargs[key] = value
-        elif key == "dtype" and value == torch.float64:
+def _narrow_all(func, args, kwargs, seen: dict):
+    """The arguments as TorchNeuron computes with them; ``out=`` ones keep their dtype."""
+    skip = _out_names(func)
+
+    def narrow(name, value):
+        if name in skip:
+            return value
+        if name == "dtype" and value == torch.float64:
             seen["float64"] = True  # computed in float32 (the JAX map), returned as float64
-            new_kwargs[key] = torch.float32
-        elif isinstance(value, (list, tuple)):
-            new_kwargs[key] = type(value)(_narrow(v, True, seen) for v in value)
-        else:
-            new_kwargs[key] = _narrow(value, False, seen)
-    return new_args, new_kwargs
+            return torch.float32
+        if isinstance(value, (list, tuple)):
+            return type(value)(_narrow(v, True, seen) for v in value)
+        return _narrow(value, False, seen)
+
+    names = _names(func)
+    return ([narrow(names[i] if i < len(names) else "", v) for i, v in enumerate(args)],
+            {key: narrow(key, value) for key, value in kwargs.items()})
 
 
 def _restore(value, seen: dict):
@@ -190,13 +187,14 @@ def _restore(value, seen: dict):
 
 
 def _write_back(original: torch.Tensor, computed: torch.Tensor) -> None:
-    """An argument the op wrote, computed on a narrowed copy: the original gets its values (int64 ones
-    wrapped as int32 arithmetic would have left them)."""
-    if computed is not original:
+    """An argument the op wrote (computed on a narrowed copy, or itself): it gets the values, int64 ones
+    wrapped as int32 arithmetic would have left them."""
+    if computed is not original or computed.dtype == torch.int64:
         with torch.no_grad():
             original.copy_(_wrap32(computed) if computed.dtype == torch.int64 else computed)
 
 
+@functools.lru_cache(maxsize=None)
 def _out_names(func) -> frozenset[str]:
     """Keyword-only arguments the op writes (``out=``): they keep their dtype."""
     return frozenset(a.name for a in func._schema.arguments
@@ -206,25 +204,25 @@ def _out_names(func) -> frozenset[str]:
 def _device_op(func, args, kwargs):
     _check_dtypes(func, args, kwargs)
     _check_empty_reduction(func, args)
-    names, written = _names(func), _written(func)
-    skip = _out_names(func)
     seen: dict = {}
-    new_args, new_kwargs = _narrow_all(args, kwargs, skip, names, seen)
+    new_args, new_kwargs = _narrow_all(func, args, kwargs, seen)
     if not seen and not any(_neuron(v) and v.dtype == torch.int64 for v in _flat((*args, *kwargs.values()))):
         return func(*args, **kwargs)
     result = func(*new_args, **new_kwargs)
+    written = _written(func)
+    replaced = {}  # id of a narrowed copy -> the caller's argument
     for i, (old, new) in enumerate(zip(args, new_args)):
-        if i < len(written) and written[i] and isinstance(old, torch.Tensor) and new is not old:
-            _write_back(old, new)
-    mutated = {id(new): old for old, new in zip(args, new_args) if isinstance(old, torch.Tensor) and new is not old}
+        if isinstance(old, torch.Tensor) and new is not old:
+            replaced[id(new)] = old
+            if i < len(written) and written[i]:
+                _write_back(old, new)
+    outs = {id(v) for key, v in kwargs.items() if key in _out_names(func)}
 
     def back(value):
-        if isinstance(value, torch.Tensor) and id(value) in mutated:
-            return mutated[id(value)]  # an in-place op returns its (original) argument
-        if isinstance(value, torch.Tensor) and any(value is v for v in kwargs.values()):
-            if value.dtype == torch.int64:
-                with torch.no_grad():
-                    value.copy_(_wrap32(value))
+        if isinstance(value, torch.Tensor) and id(value) in replaced:
+            return replaced[id(value)]  # an in-place op returns its (original) argument
+        if isinstance(value, torch.Tensor) and id(value) in outs:
+            _write_back(value, value)  # out=: keeps its dtype, int64 wrapped as int32 would leave it
             return value
         return _restore(value, seen)
 
