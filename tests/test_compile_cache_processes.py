@@ -296,3 +296,19 @@ def test_warm_process_runs_no_isa_probe_and_hits_inductors_cache(tmp_path):
     assert healed["probes"] == 1 and healed["remembered"] == cold["probes"] - 1 and "probe" not in log
     assert {p.name: p.read_bytes() for p in records.iterdir()} == written  # rewritten as it was
     assert healed["isas"] == cold["isas"] and healed["out"] == cold["out"]
+
+
+def test_forced_capability_never_reuses_code_built_for_the_cpus_own_isa(tmp_path):
+    """Inductor's FX graph cache keys leave out ATEN_CPU_CAPABILITY: in a directory it shares with
+    native runs (the user's TORCHINDUCTOR_CACHE_DIR, or Inductor's default when the NEFF cache
+    directory is unusable), a run under `default` was handed AVX code that failed to build."""
+    shared = tmp_path / "inductor"
+    native_env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    native_env.update(TORCHINDUCTOR_CACHE_DIR=str(shared), TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "a"))
+    native = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], env=native_env,
+                            capture_output=True, text=True, timeout=300)
+    assert native.returncode == 0, native.stderr[-3000:]
+    forced, _ = compile_in_subprocess(tmp_path / "b", TORCHINDUCTOR_CACHE_DIR=str(shared),
+                                      ATEN_CPU_CAPABILITY="default")
+    expected = json.loads(native.stdout.splitlines()[-1])["out"]
+    assert all(abs(a - b) <= 1e-5 for row, ref in zip(forced["out"], expected) for a, b in zip(row, ref))

@@ -78,6 +78,7 @@ def inductor_settings(aliased_inputs: bool = False):
     which inputs alias, so it would hand back code compiled for separate inputs."""
     cache = neff_cache.get_cache()
     inductor_dir = _working_dir(os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR))
+    per_capability = False  # whether Inductor's cache holds code for this capability only
     if cache.enabled and not _user_chose_inductor_cache_dir(inductor_dir):
         try:
             os.makedirs(inductor_dir, exist_ok=True)
@@ -87,8 +88,12 @@ def inductor_settings(aliased_inputs: bool = False):
         if usable:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
             _inductor_dirs_set.add(inductor_dir)
-    aot_cache = torch._functorch.config.enable_autograd_cache and not aliased_inputs
-    with torch._inductor.config.patch(fx_graph_cache=cache.enabled), \
+            per_capability = True
+    # Under a forced capability, Inductor's FX graph cache in a shared directory would hand back
+    # code generated for the CPU's own (wider) ISA, which then fails to build.
+    fx_graph_cache = cache.enabled and (per_capability or not vector_isa_inputs()[0])
+    aot_cache = torch._functorch.config.enable_autograd_cache and fx_graph_cache and not aliased_inputs
+    with torch._inductor.config.patch(fx_graph_cache=fx_graph_cache), \
             torch._functorch.config.patch(enable_autograd_cache=aot_cache), isa_probe.remembered_probes():
         yield
 
