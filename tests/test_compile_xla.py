@@ -455,15 +455,15 @@ def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked
 
 def test_an_op_left_unlowered_is_named_even_when_mlir_blames_its_constant(monkeypatch):
     """torch-mlir reports a constant an unlowered op leaves behind ('torch.constant.int'); the error
-    names the op itself. (aten.avg_pool2d_backward has no lowering in stock torch-mlir, and TorchNeuron's
-    own decomposition of it is not mirrored.)"""
-    def grad(g, x):
-        return torch.ops.aten.avg_pool2d_backward(g, x, [2, 2], [2, 2], [0, 0], False, True, None)
+    names the op itself. (aten.cummax has no lowering in stock torch-mlir, and neither torch nor
+    TorchNeuron decomposes it.)"""
+    def running_max(x):
+        return torch.ops.aten.cummax(x, 1)[0]
 
     with pytest.raises(Exception) as raised:
-        compile_xla(grad, "option", monkeypatch)(torch.ones(1, 1, 2, 2, device=N), torch.randn(1, 1, 4, 4, device=N))
+        compile_xla(running_max, "option", monkeypatch)(torch.randn(2, 5).to(N))
     message = str(raised.value)
-    assert "aten.avg_pool2d_backward at" in message and "constant." not in message.split(" does not lower")[0]
+    assert "aten.cummax at" in message and "constant." not in message.split(" does not lower")[0]
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse", "leaky_relu", "attention"])
@@ -566,3 +566,83 @@ def _aten_graph(module):
         torch.compile(module, backend=aot_autograd(fw_compiler=lambda gm, _: graphs.append(gm) or gm.forward))(
             torch.randn(2, 4))
     return graphs[0]
+
+
+# ---- readiness follows TorchNeuron's compiled semantics -------------------------------------------
+
+def small_cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.MaxPool2d(3, 2, 1), torch.nn.Conv2d(8, 8, 3, 1, 1), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+
+
+def test_a_compiled_cnn_training_loop_lowers_forward_and_backward_with_no_cpu_fallback_rows(collect):
+    """TorchNeuron compiles a graph whole or not at all: max_pool2d_with_indices, which has no eager
+    NeuronCore kernel, runs inside the NEFF here. The report lists both graphs AOTAutograd made, each
+    lowered, and no eager-only finding for their ops."""
+    model = small_cnn().to(N)
+    step = torch.compile(model, backend="neuron")
+    x, y = torch.randn(2, 3, 16, 16).to(N), torch.randint(0, 10, (2,)).to(N)
+    for _ in range(2):
+        F.cross_entropy(step(x), y).backward()
+    report = collect()
+    [graph] = report.compiled_graphs
+    assert graph["parts"] == {"forward": "lowered", "backward": "lowered"}, graph
+    assert not {"cpu-fallback", "device-rng", "stablehlo-lowering"} & {f["kind"] for f in report.findings}
+    assert "forward lowered, backward lowered" in str(report)
+
+
+def test_a_backward_that_does_not_lower_is_a_finding_naming_the_backward_graph(collect):
+    """A custom autograd function whose forward lowers and whose backward calls fft, which nothing
+    lowers: the forward alone would look ready."""
+    class SpectralGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.fft.rfft(grad).real.repeat(2)[:grad.shape[0]]
+
+    w = torch.randn(8).to(N).requires_grad_()
+    torch.compile(lambda t: SpectralGrad.apply(t).sum(), backend="neuron")(w).backward()
+    report = collect()
+    parts = [g["parts"] for g in report.compiled_graphs]
+    assert {"forward": "lowered", "backward": "failed: aten._fft_r2c (torch-backend)"} in parts, parts
+    [found] = [f for f in report.findings if f["kind"] == "stablehlo-lowering"]
+    assert any("backward graph" in d for d in found["details"]), found
+
+
+def test_the_transformer_fast_path_finding_names_its_switch(collect):
+    layer = encoder_layer().to(N).eval()
+    x = torch.randn(2, 5, 32).to(N)
+    with torch.no_grad():
+        torch.compile(layer, backend="neuron")(x)
+    [found] = [f for f in collect().findings if f["kind"] == "stablehlo-lowering"]
+    assert "torch.backends.mha.set_fastpath_enabled(False)" in found["fix"], found
+
+
+def test_without_the_fast_path_the_transformer_lowers_and_nothing_is_found(collect):
+    layer = encoder_layer().to(N).eval()
+    x = torch.randn(2, 5, 32).to(N)
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.compile(layer, backend="neuron")(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+    report = collect()
+    assert [g["parts"] for g in report.compiled_graphs] == [{"inference": "lowered"}]
+    assert not report.findings
+
+
+def test_random_ops_in_a_compiled_graph_compute_differently_and_plain_ones_are_silent(collect):
+    torch.compile(lambda t: (t * 2).sin(), backend="neuron")(torch.ones(8, device=N))
+    assert not collect().findings
+    torch._dynamo.reset()
+    torch.compile(lambda t: F.dropout(t, 0.5, training=True), backend="neuron")(torch.ones(8, device=N))
+    [found] = [f for f in collect().findings if f["kind"] == "compiled-rng"]
+    assert found["severity"] == "computes-differently"
+    assert any("random_op_legalization" in d for d in found["details"]), found

@@ -69,6 +69,11 @@ KINDS = {
         "computes-differently", "Trainium has no float64: TorchNeuron computes these ops in float32 (about 7 "
         "significant digits instead of 16)",
         "keep float32: drop .double() / dtype=torch.float64, or compute this value on the CPU if it needs float64"),
+    "compiled-rng": Kind(
+        "computes-differently", "in a compiled graph TorchNeuron draws these random numbers on the device, from "
+        "another stream than CPU's generator: the values differ from a CPU run with the same seed",
+        "compare such runs statistically, or switch the randomness off (model.eval(), dropout p=0) to compare "
+        "values"),
     "int64-range": Kind(
         "computes-differently", "TorchNeuron computes int64 in 32 bits: these values do not fit and wrap around",
         "keep the values within the int32 range (e.g. offsets instead of absolute ids), or compute them on the CPU"),
@@ -249,11 +254,19 @@ class Detector:
         return flags
 
     def check_graph_op(self, op: str, inputs, results, site: str) -> None:
-        """An op of a compiled graph (metadata only: values are unknown at compile time)."""
+        """An op of a compiled graph (metadata only: values are unknown at compile time). TorchNeuron
+        compiles a graph whole, into one NEFF, or the compile fails: no op in it falls back to the CPU
+        (whether it lowers is the lowering's finding). What stays: its dtype pass narrows float64, and
+        random ops draw from the device, not from CPU's generator."""
         wide = {str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
                 if m.device == BACKEND_NAME and m.dtype in (torch.float64, torch.complex128)}
-        for kind, detail in self._op_hits(op, wide):
-            self.add(kind, op, site, f"in a compiled graph: {detail}")
+        if cost_model.uses_generator(op):
+            how = ("its mask is drawn outside the NEFF for each call (random_op_legalization)"
+                   if cost_model.base_name(op) == "native_dropout" else "drawn by the compiled program")
+            self.add("compiled-rng", op, site, f"in a compiled graph: {how}")
+        if wide:
+            self.add("float64", op, site, f"in a compiled graph: {', '.join(sorted(wide))} tensors, narrowed to "
+                                          "float32 by TorchNeuron's dtype pass (dtype_conversion)")
 
     @staticmethod
     def _sync(base: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> str | None:
@@ -279,6 +292,20 @@ class Detector:
                                   f"{finding.detail}, {finding.count} times")
             out.append(finding)
         return out
+
+
+# Ops a graph gets from PyTorch's fused fast paths, which TorchNeuron's decompositions do not cover,
+# with the switch that keeps them out of the graph.
+_FASTPATH_FIX = ("PyTorch's fused fast path (nn.TransformerEncoderLayer / nn.MultiheadAttention in eval under "
+                 "no_grad), which TorchNeuron does not decompose: turn it off with "
+                 "torch.backends.mha.set_fastpath_enabled(False)")
+LOWERING_FIXES = {"aten._transformer_encoder_layer_fwd": _FASTPATH_FIX,
+                  "aten._native_multi_head_attention": _FASTPATH_FIX}
+
+
+def lowering_fix(op: str) -> str:
+    """What to do about an op that does not lower, when there is a specific answer."""
+    return LOWERING_FIXES.get(op.rsplit(".", 1)[0] if op.count(".") > 1 else op, "")
 
 
 def compile_findings(earlier_compilations: list) -> list[Finding]:

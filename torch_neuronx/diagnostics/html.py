@@ -187,7 +187,8 @@ def _what_ran(report) -> str:
     if report.compiled_graphs:
         parts.append("<h3>Compiled graphs lowered to StableHLO</h3>" + _table(
             ["graph", "calls", "lowering", "StableHLO ops", "lowering time"],
-            [[g["name"], g["calls"], g.get("lowering", ""), sum((g.get("stablehlo_ops") or {}).values()),
+            [[g["name"], g["calls"], ", ".join(f"{k} {v}" for k, v in (g.get("parts") or {}).items())
+              or g.get("lowering", ""), sum((g.get("stablehlo_ops") or {}).values()),
               format_seconds(g.get("lowering_s", 0.0))] for g in report.compiled_graphs], numeric={1, 3, 4}))
     parts.append("</section>")
     return "".join(parts)

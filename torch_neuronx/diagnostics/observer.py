@@ -71,6 +71,12 @@ class CompiledGraph:
     stablehlo_ops: Counter = field(default_factory=Counter)  # by kind, over its forward/backward parts
     lowering_s: float = 0.0
     lowering: str = "not lowered"  # "lowered", "failed", or why it was not checked
+    # Each graph AOTAutograd made of it (forward, backward, inference): "lowered" or "failed: op (stage)".
+    parts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str | None:
+        return " + ".join(self.parts) or None
 
 
 class Collector:
@@ -351,12 +357,14 @@ def count_calls(name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def record_lowering(name: str, result: Any, seconds: float) -> None:
-    """A part of compiled graph ``name`` lowered to StableHLO (its op counts), or the error that
-    stopped it: an op that does not lower becomes a ``stablehlo-lowering`` finding at its line."""
+def record_lowering(name: str, result: Any, seconds: float, kind: str = "graph") -> None:
+    """A graph AOTAutograd made of compiled graph ``name`` (its ``kind``: forward, backward or
+    inference) lowered to StableHLO (its op counts), or the error that stopped it: an op that does
+    not lower becomes a ``stablehlo-lowering`` finding at its line."""
     collector = _collector
     if collector is None:
         return
+    failed = hasattr(result, "stage")  # lowering.LoweringError
     with collector.lock:
         graph = collector.graphs.get(name)
         if graph is None:
@@ -365,16 +373,17 @@ def record_lowering(name: str, result: Any, seconds: float) -> None:
         counts = getattr(result, "op_counts", None)
         if counts is not None:
             graph.stablehlo_ops.update(counts)
-            if graph.lowering != "failed":
-                graph.lowering = "lowered"
-            return
-        if hasattr(result, "stage"):  # lowering.LoweringError
-            graph.lowering = "failed"
+            graph.parts[kind] = "lowered"
+        elif failed:
+            graph.parts[kind] = f"failed: {result.op} ({result.stage})"
+        if counts is not None or failed:
+            graph.lowering = "failed" if any(p.startswith("failed") for p in graph.parts.values()) else "lowered"
         else:
             graph.lowering = f"not checked: {result}"[:300]
-    if hasattr(result, "stage"):
+    if failed:
         site = result.site or f"{findings.user_site()[0]} (compiled)"
-        collector.detector.add("stablehlo-lowering", result.op, site, f"stage {result.stage}: {result.detail}"[:300])
+        collector.detector.add("stablehlo-lowering", result.op, site,
+                               f"{kind} graph, stage {result.stage}: {result.detail}"[:300])
 
 
 class _CompiledGraphHook:

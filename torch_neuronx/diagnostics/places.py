@@ -10,7 +10,7 @@ from __future__ import annotations
 import linecache
 
 from torch_neuronx.python_ops import host_ops
-from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding
+from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding, lowering_fix
 
 CODE_LIMIT = 160  # characters of a source line shown
 COMPILED_SUFFIX = " (compiled)"
@@ -47,6 +47,10 @@ def short_op(op: str) -> str:
 def _fix(kind: str, ops: dict[str, int], details: list[str]) -> str:
     if kind in ("cpu-fallback", "device-rng"):  # the table's fix for the op, when it has one
         fixes = [entry.fix for entry in map(host_ops.lookup, ops) if entry is not None]
+        if fixes:
+            return "; ".join(dict.fromkeys(fixes))
+    if kind == "stablehlo-lowering":  # an op with a known way out
+        fixes = [fix for fix in map(lowering_fix, ops) if fix]
         if fixes:
             return "; ".join(dict.fromkeys(fixes))
     fix = KINDS[kind].fix if kind in KINDS else ""

@@ -320,5 +320,6 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
     report.compiled_graphs = [
         {"name": name, "ops": len(g.ops), "calls": sum(p[3].get(name, 0) for p in phases),
          "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error,
-         "lowering": g.lowering, "lowering_s": g.lowering_s, "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
+         "lowering": g.lowering, "parts": dict(g.parts), "lowering_s": g.lowering_s,
+         "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
         for name, g in graphs.items()]

@@ -47,7 +47,7 @@ def _check_lowering(host: HostGraph, settings: faithful.CompileSettings) -> None
         faithful.lower_for_readiness(copy_graph_module(host.gm), host.inputs, settings)
     except Exception as error:  # noqa: BLE001 - a check, never a failure of the compile
         if settings.on_lowered is not None:
-            settings.on_lowered(error, 0.0)
+            settings.on_lowered(error, 0.0, "graph")
         else:
             warn_once(("lowering", type(error).__name__), f"torch_neuronx: {artifacts.PRESERVE_ENV} is set, but "
                       f"the graph could not be lowered to StableHLO: {error}")

@@ -11,6 +11,7 @@ after the call, and ``None`` results (gradients nobody needs) are dropped and re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
@@ -24,14 +25,16 @@ from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
 from torch_neuronx.version import __version__
 
-EXECUTOR_FORMAT = "2"  # bump when what is cached for the xla executor changes
+EXECUTOR_FORMAT = "2"
+GRAPH_KINDS = ("forward", "backward", "inference")  # bump when what is cached for the xla executor changes
 
 
 @dataclasses.dataclass
 class CompileSettings:
     model_name: str | None
     compiler_args: list[str]
-    on_lowered: Callable[[Any, float], None] | None = None  # (LoweredGraph or the error, seconds): diagnostics
+    # (LoweredGraph or the error, seconds, kind: forward, backward or inference): diagnostics
+    on_lowered: Callable[[Any, float, str], None] | None = None
 
 
 @dataclasses.dataclass
@@ -96,24 +99,24 @@ def _key(gm: torch.fx.GraphModule, example_inputs) -> str:
                                 ",".join(xla_program.DISABLED_XLA_PASSES), isa_probe.cpu_description())
 
 
-def _lower(shaped: _Shaped, settings: CompileSettings) -> lowering.LoweredGraph:
+def _lower(shaped: _Shaped, settings: CompileSettings, kind: str) -> lowering.LoweredGraph:
     start = time.perf_counter()
     try:
         lowered = lowering_worker.lower(shaped.gm)
     except lowering.LoweringError as error:
         if settings.on_lowered is not None:
-            settings.on_lowered(error, time.perf_counter() - start)
+            settings.on_lowered(error, time.perf_counter() - start, kind)
         raise
     if settings.on_lowered is not None:
-        settings.on_lowered(lowered, lowered.seconds)
+        settings.on_lowered(lowered, lowered.seconds, kind)
     if artifacts.preserved():
         artifacts.write(settings.model_name, shaped.gm.print_readable(print_output=False), lowered.torch_mlir,
                         lowered.stablehlo, settings.compiler_args)
     return lowered
 
 
-def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
-             stats: CompileStats) -> xla_program.XlaProgram:
+def _program(shaped: _Shaped, example_inputs, settings: CompileSettings, stats: CompileStats,
+             kind: str) -> xla_program.XlaProgram:
     """The XLA program of a shaped graph: from the compile cache, or lowered and compiled (and stored)."""
     cache = neff_cache.get_cache()
     key = _key(shaped.gm, example_inputs)
@@ -126,17 +129,17 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings,
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
                 if artifacts.preserved():
-                    _lower(shaped, settings)  # the artifacts want every stage of the lowering itself
+                    _lower(shaped, settings, kind)  # the artifacts want every stage of the lowering itself
                 elif settings.on_lowered is not None:  # the report wants what the entry recorded
                     settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,
-                                                              program.input_dtypes, 0.0), 0.0)
+                                                              program.input_dtypes, 0.0), 0.0, kind)
                 return program
             except Exception as error:  # noqa: BLE001 - a bad entry is recompiled, never fatal
                 import warnings
 
                 warnings.warn(f"[NEFF_CACHE] could not load compile cache entry {key} ({error!r}); recompiling",
                               RuntimeWarning, stacklevel=2)
-        lowered = _lower(shaped, settings)
+        lowered = _lower(shaped, settings, kind)
         stats.lower_s += lowered.seconds
         start = time.perf_counter()
         program = xla_program.compile_program(lowered.stablehlo, lowered.input_dtypes, shaped.result_dtypes)
@@ -189,12 +192,12 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
     lowering.require_torch_mlir()
     xla_program.require_jax()
 
-    def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs) -> Callable:
+    def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
         stats.graphs += 1
         shaped = _shape_for_lowering(aot_gm)
         lower_s, compile_s = stats.lower_s, stats.compile_s
         try:
-            program = _program(shaped, aot_inputs, settings, stats)
+            program = _program(shaped, aot_inputs, settings, stats, kind)
         except lowering.LoweringError as error:  # a backward graph is compiled at the first backward
             raise NEFFCompilationError(str(error)) from error
         if stats.metrics is not None and stats.graphs > 1:
@@ -202,24 +205,37 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
             stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
         return _runner(shaped, program)
 
+    # TorchNeuron hands AOTAutograd one compiler for every graph; each is named by its kind here.
+    compilers = {kind: _outside_dynamo(functools.partial(compile_one, kind=kind)) for kind in GRAPH_KINDS}
     with attention_as_math():
-        compile_one = _outside_dynamo(compile_one)
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_one, bw_compiler=compile_one,
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compilers["forward"],
+                                     bw_compiler=compilers["backward"], inference_compiler=compilers["inference"],
                                      decompositions=decomposition_table(), keep_inference_input_mutations=True)
 
 
 def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings) -> None:
-    """Lower ``gm``'s forward graph the way TorchNeuron would, for the report and the artifacts only:
-    its result goes to ``settings.on_lowered``; nothing is compiled or run."""
+    """Lower every graph AOTAutograd makes of ``gm`` the way TorchNeuron would (the forward and the
+    backward of a graph that trains, else the inference graph), for the report and the artifacts
+    only: each result goes to ``settings.on_lowered``; nothing is compiled or run. The backward is
+    lowered now, not at the first backward call."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs) -> Callable:
+    def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
         try:
-            _lower(_shape_for_lowering(aot_gm), settings)
+            _lower(_shape_for_lowering(copy_graph(aot_gm)), settings, kind)
         except lowering.LoweringError:
             pass  # reported through on_lowered
         return aot_gm.forward
 
-    with torch.no_grad(), attention_as_math():
-        aot_module_simplified(gm, example_inputs, fw_compiler=lower_one, decompositions=decomposition_table(),
+    compilers = {kind: functools.partial(lower_one, kind=kind) for kind in GRAPH_KINDS}
+    with attention_as_math(), torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+        aot_module_simplified(gm, example_inputs, fw_compiler=compilers["forward"], bw_compiler=compilers["backward"],
+                              inference_compiler=compilers["inference"], decompositions=decomposition_table(),
                               keep_inference_input_mutations=True)
+
+
+def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy to reshape for lowering: AOTAutograd keeps running the graph it handed over."""
+    import copy
+
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))

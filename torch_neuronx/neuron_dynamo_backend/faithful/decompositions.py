@@ -1,21 +1,19 @@
-"""The decompositions applied while AOTAutograd traces, before the graph is lowered to StableHLO.
+"""The decompositions applied while AOTAutograd traces, before the graph is lowered to StableHLO:
+TorchNeuron's compile decomposition table (``get_compile_decomposition_table`` in its
+``neuron_dynamo_backend/decompositions.py``), mirrored, and what stands in for its private pipeline.
 
-Three groups, and attention:
-- TorchNeuron's own selection from torch's stock decompositions, by name;
-- stand-ins for TorchNeuron's private torch-mlir pipeline (``torch-raw-to-neuron-backend-pipeline``,
-  not public), which legalizes ops stock torch-mlir does not: common losses, activations and norms
-  in training. Without them stock torch-mlir fails on them, crashes (``nll_loss_forward``) or
-  computes wrong gradients (``leaky_relu_backward``), where Trainium trains them. torch's stock
-  decompositions stand in: the same math;
-- attention, which TorchNeuron decomposes itself, traced with SDPA's math backend
-  (:func:`attention_as_math`);
+- :data:`STOCK_DECOMPOSITIONS`: TorchNeuron's selection from torch's own decompositions, by name.
+- :data:`TORCHNEURON_DECOMPOSITIONS`: the entries TorchNeuron writes itself, each written here from
+  the operator's mathematics (:mod:`.own_decompositions`). Attention, which TorchNeuron may route to
+  NKI flash kernels on Trainium, takes its fallback: matmuls and a softmax.
+- :data:`PRIVATE_PIPELINE_STAND_INS` and :data:`PRIVATE_PIPELINE_OWN`: ops that TorchNeuron's private
+  torch-mlir pipeline (``torch-raw-to-neuron-backend-pipeline``, not public) must legalize, since
+  TorchNeuron trains the modules that use them and stock torch-mlir does not lower them (pooling and
+  padding backwards, common losses and activations). torch's decomposition where it has one, ours
+  from the mathematics where it has none. Which op is which is in docs/compiled-coverage.md.
 - foreach ops (``torch._foreach_add`` and the rest, which optimizers use) as one op per tensor, as
   TorchNeuron's own eager foreach kernels are written (``python_ops/torch_mlir/ops/foreach_ops.py``);
   stock torch-mlir legalizes none of them (:func:`foreach_as_loops`).
-
-TorchNeuron's other decompositions (as_strided, topk, linear_backward, convolution_backward, pooling
-backward, ...) are not mirrored: a graph needing them fails here (convolution training does), and
-fft and svdvals, which nothing decomposes, fail in both.
 """
 from __future__ import annotations
 
@@ -24,26 +22,84 @@ import functools
 
 import torch
 
-# TorchNeuron's selection from torch's decomposition table (its docs/decompositions.md and
-# decompositions.py); sigmoid_backward and silu_backward, which it writes itself, have stock
-# equivalents.
+from torch_neuronx.neuron_dynamo_backend.faithful import own_decompositions as own
+
+aten = torch.ops.aten
+
+# The commit of TorchNeuron's source these tables were read from.
+TORCHNEURON_COMMIT = "98154b867aa24562a3213e520d9ad7fd41032291"
+
+# TorchNeuron's selection from torch's decomposition table, in its order (get_decompositions([...])).
 STOCK_DECOMPOSITIONS = (
     "logsumexp", "squeeze.dims", "binary_cross_entropy", "native_batch_norm_backward", "nansum", "addr",
     "_unsafe_index", "_unsafe_index_put", "split", "split_with_sizes", "unbind", "replication_pad1d",
     "replication_pad2d", "replication_pad3d", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
-    "embedding", "native_layer_norm_backward", "nll_loss_backward", "clamp_min", "clamp_max", "_fused_rms_norm",
-    "_fused_rms_norm_backward", "fill.Scalar", "fill.Tensor", "index_add", "native_dropout_backward",
-    "gelu_backward", "threshold_backward", "_log_softmax_backward_data", "_softmax_backward_data",
-    "select_backward", "slice_backward", "softplus_backward", "col2im", "lerp", "elu", "elu_backward", "silu",
-    "sigmoid_backward", "silu_backward",
+    "embedding", "native_layer_norm_backward", "nll_loss_backward", "clamp_min", "clamp_max", "linear_backward",
+    "_fused_rms_norm", "_fused_rms_norm_backward", "fill.Scalar", "fill.Tensor", "index_add",
+    "native_dropout_backward", "gelu_backward", "threshold_backward", "_log_softmax_backward_data",
+    "_softmax_backward_data", "select_backward", "slice_backward", "softplus_backward", "index_select_backward",
+    "col2im", "lerp", "elu", "elu_backward", "silu",
 )
+
+# TorchNeuron's own entries (its register_decomposition calls, and index_put, compile only): ours.
+TORCHNEURON_DECOMPOSITIONS = {
+    aten.as_strided.default: own.as_strided,
+    aten.topk.default: own.topk,
+    aten._scaled_dot_product_fused_attention_overrideable.default: own.attention_forward,
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default: own.attention_backward,
+    aten.scalar_tensor.default: own.scalar_tensor,
+    aten.index_copy.default: own.index_copy,
+    aten.nonzero_static.default: own.nonzero_static,
+    aten.linalg_vector_norm.default: own.linalg_vector_norm,
+    aten.index_put.default: own.index_put,
+    aten.sigmoid_backward.default: own.sigmoid_backward,
+    aten.silu_backward.default: own.silu_backward,
+    aten.embedding_dense_backward.default: own.embedding_dense_backward,
+    aten.linear_backward.default: own.linear_backward,
+    aten._foreach_pow.Scalar: own.foreach_pow_scalar,
+    aten.__rshift__.Scalar: own.rshift_scalar,
+    aten.as_strided_scatter.default: own.as_strided_scatter,
+    aten._grouped_mm.default: own.grouped_mm,
+    aten.convolution_backward.default: own.convolution_backward,
+    aten.value_selecting_reduction_backward.default: own.value_selecting_reduction_backward,
+    aten.histc.default: own.histc,
+    aten.argsort.default: own.argsort,
+    aten.argsort.stable: own.argsort,
+}
+
 PRIVATE_PIPELINE_STAND_INS = (
     "nll_loss_forward", "leaky_relu_backward", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward",
     "huber_loss", "huber_loss_backward", "binary_cross_entropy_backward", "xlogy.Tensor", "mish_backward",
     "hardswish_backward", "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
-    "_native_batch_norm_legit", "native_group_norm_backward", "embedding_dense_backward",
-    "_unsafe_masked_index_put_accumulate", "max_pool2d_with_indices_backward",
+    "_native_batch_norm_legit", "native_group_norm_backward", "_unsafe_masked_index_put_accumulate",
+    "max_pool2d_with_indices_backward", "max_pool2d_with_indices", "max_pool3d_with_indices",
+    "soft_margin_loss", "soft_margin_loss_backward", "log_sigmoid_forward",
+    "log_sigmoid_backward", "nll_loss2d_forward", "nll_loss2d_backward", "glu_backward", "hardtanh_backward",
+    "_prelu_kernel", "_prelu_kernel_backward", "unsafe_split.Tensor", "reflection_pad1d_backward",
+    "reflection_pad2d_backward", "reflection_pad3d_backward", "addmv", "vdot", "block_diag", "cumprod",
+    "diag_embed", "diagonal", "diagonal_copy", "diagonal_scatter", "alias_copy", "expand_copy", "i0",
+    "frexp.Tensor", "complex",
 )
+PRIVATE_PIPELINE_OWN = {
+    **{getattr(aten, f"avg_pool{n}d").default: functools.partial(own.avg_pool, spatial=n) for n in (2, 3)},
+    **{getattr(aten, f"avg_pool{n}d_backward").default: functools.partial(own.avg_pool_backward, spatial=n)
+       for n in (2, 3)},
+    aten._adaptive_avg_pool2d.default: own.adaptive_avg_pool,
+    aten._adaptive_avg_pool3d.default: own.adaptive_avg_pool,
+    **{getattr(aten, f"_adaptive_avg_pool{n}d_backward").default:
+       functools.partial(own.adaptive_avg_pool_backward, spatial=n) for n in (2, 3)},
+    aten.max_pool3d_with_indices_backward.default: functools.partial(own.max_pool_backward, spatial=3),
+    **{getattr(aten, f"adaptive_max_pool{n}d_backward").default:
+       functools.partial(own.adaptive_max_pool_backward, spatial=n) for n in (2, 3)},
+    **{getattr(aten, f"replication_pad{n}d_backward").default: own.replication_pad_backward for n in (1, 2, 3)},
+    aten._pad_circular.default: own.pad_circular,
+    aten.adaptive_max_pool2d.default: own.adaptive_max_pool,
+    aten.adaptive_max_pool3d.default: own.adaptive_max_pool,
+    aten._unsafe_masked_index.default: own.unsafe_masked_index,
+    aten.empty.memory_format: own.empty_as_zeros,
+    aten.new_empty.default: own.new_empty_as_zeros,
+    aten.empty_strided.default: own.empty_strided_as_zeros,
+}
 
 
 @contextlib.contextmanager
@@ -113,13 +169,18 @@ def foreach_as_loops() -> dict:
     return table
 
 
+def _overloads(names) -> list:
+    ops = []
+    for name in names:
+        base, _, overload = name.partition(".")
+        packet = getattr(aten, base)
+        ops.append(getattr(packet, overload) if overload else packet)
+    return ops
+
+
 @functools.cache
 def decomposition_table() -> dict:
     from torch._decomp import get_decompositions
 
-    ops = []
-    for name in (*STOCK_DECOMPOSITIONS, *PRIVATE_PIPELINE_STAND_INS):
-        base, _, overload = name.partition(".")
-        packet = getattr(torch.ops.aten, base)
-        ops.append(getattr(packet, overload) if overload else packet)
-    return {**foreach_as_loops(), **get_decompositions(ops)}
+    return {**foreach_as_loops(), **get_decompositions(_overloads((*STOCK_DECOMPOSITIONS, *PRIVATE_PIPELINE_STAND_INS))),
+            **PRIVATE_PIPELINE_OWN, **TORCHNEURON_DECOMPOSITIONS}

@@ -1,0 +1,249 @@
+"""The faithful compiler's decompositions (TorchNeuron's compile table, mirrored, and the stand-ins for
+its private pipeline): each written from the operator's mathematics, each checked here against the
+op itself on CPU, case by case; the docs' list of TorchNeuron's entries is covered."""
+import functools
+import math
+import os
+import re
+
+import pytest
+import torch
+
+from torch_neuronx.neuron_dynamo_backend.faithful import decompositions as table
+
+aten = torch.ops.aten
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def r(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def idx(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def conv_case(transposed, spatial, groups=1, stride=2, padding=1, dilation=1, output_padding=0):
+    """convolution_backward's arguments for a convolution with these settings, and its output mask."""
+    channels, outputs, size = 4, 6, [7, 6, 5][:spatial]
+    x = r(2, channels, *size, seed=1)
+    w = r(*((channels, outputs // groups) if transposed else (outputs, channels // groups)), *[3] * spatial, seed=2)
+    y = aten.convolution(x, w, None, [stride] * spatial, [padding] * spatial, [dilation] * spatial, transposed,
+                         [output_padding] * spatial, groups)
+    return ((r(*y.shape, seed=3), x, w, [y.shape[1]], [stride] * spatial, [padding] * spatial,
+             [dilation] * spatial, transposed, [output_padding] * spatial, groups, [True, True, True]), {})
+
+
+def sdpa_case(heads=4, kv_heads=4, causal=False, bias=None):
+    q, k, v = r(2, heads, 5, 8, seed=1), r(2, kv_heads, 7, 8, seed=2), r(2, kv_heads, 7, 8, seed=3)
+    return (q, k, v, bias, 0.0, causal), {"scale": 0.3}
+
+
+# Cases per op: (args, kwargs). Each op's result on CPU is the oracle.
+CASES = {
+    aten.as_strided.default: [((r(4, 5), [3, 2], [1, 5], 2), {}), ((r(12), [2, 2, 3], [6, 1, 2], None), {})],
+    aten.as_strided_scatter.default: [((r(4, 5), r(3, 2, seed=1), [3, 2], [1, 5], 2), {})],
+    aten.topk.default: [((r(3, 9), 4), {}), ((r(3, 9), 2, 0, False), {}), ((r(6), 6, -1, True, True), {})],
+    aten.argsort.default: [((r(3, 9), 1, True), {})],
+    aten.argsort.stable: [((torch.tensor([3.0, 1.0, 3.0, 2.0, 1.0]),), {"stable": True, "descending": False})],
+    aten.scalar_tensor.default: [((2.5,), {}), ((3,), {"dtype": torch.int32})],
+    aten.index_copy.default: [((r(5, 3), 0, idx(4, 0, 2), r(3, 3, seed=1)), {}),
+                              ((r(2, 6, 3), 1, idx(5, 1), r(2, 2, 3, seed=1)), {})],
+    aten.nonzero_static.default: [((torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]]),), {"size": 5}),
+                                  ((torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]]),), {"size": 2, "fill_value": 7}),
+                                  ((torch.tensor([0, 4, 0, 5]),), {"size": 3})],
+    aten.linalg_vector_norm.default: [((r(3, 4),), {}), ((r(3, 4), 1, [1], True), {}), ((r(3, 4), math.inf, [0]), {}),
+                                      ((r(3, 4), -math.inf), {}), ((r(3, 4), 0), {}), ((r(3, 4), 3.5, [1]), {}),
+                                      ((r(3, 4), 2, None, False), {"dtype": torch.float64})],
+    aten.index_put.default: [((r(5, 3), [idx(4, 0, 2)], r(3, 3, seed=1)), {}),
+                             ((r(5, 3), [idx(4, 0, 4)], r(3, 3, seed=1), True), {}),
+                             ((r(4, 5, 3), [None, idx(-1, 2), idx(0, 1)], r(4, 2, seed=1)), {}),
+                             ((r(4, 5), [idx(1, 3), idx(2, 4)], torch.tensor(9.0)), {})],
+    aten.sigmoid_backward.default: [((r(3, 4), torch.sigmoid(r(3, 4, seed=1))), {})],
+    aten.silu_backward.default: [((r(3, 4), r(3, 4, seed=1)), {})],
+    aten.embedding_dense_backward.default: [((r(2, 3, 4), idx(1, 0, 5, 1, 2, 1).view(2, 3), 6, -1, False), {}),
+                                            ((r(2, 3, 4), idx(1, 0, 5, 1, 2, 1).view(2, 3), 6, 1, True), {})],
+    aten.linear_backward.default: [((r(2, 3, 4), r(2, 3, 5, seed=1), r(5, 4, seed=2), [True, True, True]), {})],
+    aten._foreach_pow.Scalar: [(([r(3).abs(), r(2, 2, seed=1).abs()], 2.5), {})],
+    aten.__rshift__.Scalar: [((torch.tensor([16, -5, 7, -64]), 2), {})],
+    aten._grouped_mm.default: [((r(6, 8), r(3, 8, 4, seed=1), torch.tensor([2, 2, 6], dtype=torch.int32)), {}),
+                               ((r(6, 8), r(8, 4, seed=1), torch.tensor([3, 8], dtype=torch.int32)), {}),
+                               ((r(3, 5, 8), r(3, 8, 4, seed=1)), {})],
+    aten.convolution_backward.default: [conv_case(False, 1), conv_case(False, 2, groups=2, dilation=2),
+                                        conv_case(False, 3, stride=1, padding=0), conv_case(True, 1),
+                                        conv_case(True, 2, groups=2, output_padding=1), conv_case(True, 3, stride=1)],
+    aten.value_selecting_reduction_backward.default: [
+        ((r(3, 5), 1, r(3, 7).max(1).indices[:, None].expand(3, 5) % 7, [3, 7], True), {}),
+        ((r(3), 1, idx(0, 4, 2), [3, 5], False), {})],
+    aten.histc.default: [((r(100),), {"bins": 7}), ((r(100), 5, -0.5, 0.5), {}),
+                         ((torch.full((4,), 2.0), 4), {})],
+    aten._scaled_dot_product_fused_attention_overrideable.default: [sdpa_case(), sdpa_case(4, 2, causal=True)],
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default: [sdpa_case(), sdpa_case(4, 2, True)],
+    # the private pipeline's stand-ins
+    aten.avg_pool2d.default: [((r(2, 3, 7, 6), [3, 2]), {}), ((r(2, 3, 7, 6), [3, 3], [2, 2], [1, 1], True, False), {}),
+                              ((r(3, 7, 6), [2, 2], [2, 1], [1, 0], False, True, 3), {})],
+    aten.avg_pool3d.default: [((r(2, 2, 5, 6, 4), [2, 3, 2], [2, 2, 1], [1, 1, 0], True, True), {})],
+    aten.avg_pool2d_backward.default: "pool",
+    aten.avg_pool3d_backward.default: "pool",
+    aten._adaptive_avg_pool2d.default: [((r(2, 3, 7, 5), [3, 4]), {})],
+    aten._adaptive_avg_pool3d.default: [((r(2, 3, 7, 5, 4), [3, 2, 3]), {})],
+    aten._adaptive_avg_pool2d_backward.default: "pool",
+    aten._adaptive_avg_pool3d_backward.default: "pool",
+    aten.max_pool3d_with_indices_backward.default: "pool",
+    aten.adaptive_max_pool2d_backward.default: "pool",
+    aten.adaptive_max_pool3d_backward.default: "pool",
+    aten.replication_pad1d_backward.default: "pool",
+    aten.replication_pad2d_backward.default: "pool",
+    aten.replication_pad3d_backward.default: "pool",
+    aten.adaptive_max_pool2d.default: [((r(2, 3, 7, 5), [3, 2]), {}), ((r(3, 6, 4), [3, 4]), {})],
+    aten.adaptive_max_pool3d.default: [((r(2, 3, 7, 5, 4), [3, 2, 3]), {})],
+    aten._unsafe_masked_index.default: [((r(4, 5), torch.tensor([True, False, True]).view(3, 1),
+                                          [idx(3, 9, -1).view(3, 1), idx(0, 4)], 0.5), {})],
+    aten.empty.memory_format: "not compared: its values are undefined",
+    aten.new_empty.default: "not compared: its values are undefined",
+    aten.empty_strided.default: "not compared: its values are undefined",
+    aten._pad_circular.default: [((r(2, 3, 5), [2, 1]), {}), ((r(2, 3, 5, 4), [1, 2, -1, 3]), {}),
+                                 ((r(1, 2, 3, 4, 5), [1, 1, 2, 0, 1, 2]), {})],
+}
+
+# Backward ops checked against autograd of their forward op (what produces them in a graph).
+FORWARDS = {
+    aten.avg_pool2d_backward.default: [lambda x: torch.nn.functional.avg_pool2d(x[..., 0], 3, 2, 1, True, False),
+                                       lambda x: torch.nn.functional.avg_pool2d(x[..., 0], [2, 3], [1, 2], [1, 0],
+                                                                                False, True, 5),
+                                       lambda x: torch.nn.functional.avg_pool1d(x[..., 0, 0], 3, 2, 1, True)],
+    aten.avg_pool3d_backward.default: [lambda x: torch.nn.functional.avg_pool3d(x, 2, 2, 1, True, True)],
+    aten._adaptive_avg_pool2d_backward.default: [lambda x: torch.nn.functional.adaptive_avg_pool2d(x[..., 0], (3, 4))],
+    aten._adaptive_avg_pool3d_backward.default: [lambda x: torch.nn.functional.adaptive_avg_pool3d(x, (2, 3, 2))],
+    aten.max_pool3d_with_indices_backward.default: [lambda x: torch.nn.functional.max_pool3d(x, 2, 2, 1)],
+    aten.adaptive_max_pool2d_backward.default: [lambda x: torch.nn.functional.adaptive_max_pool2d(x[..., 0], (3, 2))],
+    aten.adaptive_max_pool3d_backward.default: [lambda x: torch.nn.functional.adaptive_max_pool3d(x, (3, 2, 2))],
+    aten.replication_pad1d_backward.default: [lambda x: torch.nn.functional.pad(x[..., 0, 0], [2, 3], "replicate")],
+    aten.replication_pad2d_backward.default: [lambda x: torch.nn.functional.pad(x[..., 0], [2, 3, 1, 0], "replicate")],
+    aten.replication_pad3d_backward.default: [lambda x: torch.nn.functional.pad(x, [1, 1, 2, 0, 0, 3], "replicate")],
+}
+
+
+def _linear_backward_by_autograd(x, grad, weight, mask):
+    """linear_backward has no CPU kernel: autograd of F.linear is its oracle."""
+    x, weight = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    bias = torch.zeros(weight.shape[0], requires_grad=True)
+    return torch.autograd.grad(torch.nn.functional.linear(x, weight, bias), (x, weight, bias), grad)
+
+
+ORACLES = {aten.linear_backward.default: _linear_backward_by_autograd}
+OWN = {**table.TORCHNEURON_DECOMPOSITIONS, **table.PRIVATE_PIPELINE_OWN}
+
+
+def _close(got, expected):
+    if isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            _close(g, e)
+    elif isinstance(expected, torch.Tensor):
+        assert got.shape == expected.shape and got.dtype == expected.dtype, (got.shape, expected.shape)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    elif expected is not None or got is not None:
+        assert got == expected
+
+
+def test_every_own_decomposition_has_cases():
+    assert set(OWN) == set(CASES)
+
+
+@pytest.mark.parametrize("op", [op for op, cases in CASES.items() if isinstance(cases, list)], ids=str)
+def test_own_decomposition_equals_the_op_on_cpu(op):
+    for args, kwargs in CASES[op]:
+        if op is aten._scaled_dot_product_fused_attention_overrideable.default:
+            expected = _math_attention(*args, **kwargs)  # CPU has no kernel for PrivateUse1's fused op
+            got = OWN[op](*args, **kwargs)
+            _close(got[0], expected[0])
+            _close(got[1], expected[1])
+            continue
+        if op is aten._scaled_dot_product_fused_attention_overrideable_backward.default:
+            _check_attention_backward(*args, **kwargs)
+            continue
+        got = OWN[op](*args, **kwargs)
+        assert got is not NotImplemented, (op, args)
+        _close(got, ORACLES.get(op, op)(*args, **kwargs))
+
+
+def _math_attention(q, k, v, bias, dropout, causal, scale):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, bias, dropout, causal, scale=scale,
+                                                               enable_gqa=True)
+    kf = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    scores = q @ kf.transpose(-2, -1) * scale
+    if causal:
+        scores = scores.masked_fill(~torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(), float("-inf"))
+    return out, torch.logsumexp(scores, -1)
+
+
+def _check_attention_backward(q, k, v, bias, dropout, causal, scale):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = _math_attention(q, k, v, bias, dropout, causal, scale)
+    grad = r(*out.shape, seed=9)
+    expected = torch.autograd.grad(out, (q, k, v), grad)
+    forward = OWN[aten._scaled_dot_product_fused_attention_overrideable.default]
+    saved = forward(q.detach(), k.detach(), v.detach(), bias, dropout, causal, scale=scale)
+    got = OWN[aten._scaled_dot_product_fused_attention_overrideable_backward.default](
+        grad, q.detach(), k.detach(), v.detach(), bias, [True, True, True, False], saved[0], saved[1], saved[2],
+        saved[3], saved[4], saved[5], dropout, causal, saved[6], saved[7], scale=scale)
+    _close(got[:3], expected)
+    assert got[3] is None
+
+
+@pytest.mark.parametrize("op", list(FORWARDS), ids=str)
+def test_own_backward_equals_autograd_of_its_forward(op):
+    """The backward op is captured as autograd calls it, then replayed through the decomposition."""
+    for forward in FORWARDS[op]:
+        x = r(2, 3, 7, 6, 5).requires_grad_()
+        calls = []
+
+        class Capture(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is op:
+                    calls.append((args, kwargs or {}))
+                return func(*args, **(kwargs or {}))
+
+        out = forward(x)
+        out = out[0] if isinstance(out, tuple) else out
+        with Capture():
+            expected = torch.autograd.grad(out, x, r(*out.shape, seed=4))[0]
+        assert len(calls) == 1, f"{op} was not called by the backward"
+        args, kwargs = calls[0]
+        got = OWN[op](*args, **kwargs)
+        _close(got, op(*args, **kwargs))
+
+
+def test_stock_names_resolve_to_torchs_decompositions():
+    from torch._decomp import decomposition_table
+
+    # TorchNeuron also names two ops torch's table does not hold: linear_backward (its own entry
+    # serves) and index_select_backward (a composite op: it decomposes by itself when traced).
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::index_select_backward", "CompositeImplicitAutograd")
+    names = [n for n in (*table.STOCK_DECOMPOSITIONS, *table.PRIVATE_PIPELINE_STAND_INS)
+             if n not in ("linear_backward", "index_select_backward")]
+    for op in table._overloads(names):
+        overloads = [getattr(op, o) for o in op.overloads()] if isinstance(op, torch._ops.OpOverloadPacket) else [op]
+        assert any(o in decomposition_table for o in overloads), f"torch has no decomposition for {op}"
+
+
+def test_the_docs_list_torchneurons_table_and_each_entry_is_covered():
+    """docs/compiled-coverage.md lists TorchNeuron's table at the commit it was read from; each entry
+    is in ours (its stock names by name, its own entries by op)."""
+    text = open(os.path.join(ROOT, "docs", "compiled-coverage.md"), encoding="utf-8").read()
+    assert table.TORCHNEURON_COMMIT in text
+    section = text.split("## TorchNeuron's compile decomposition table", 1)[1].split("\n## ", 1)[0]
+    stock = re.findall(r"^\| stock \| `aten\.([\w.]+)` \|", section, re.M)
+    own = re.findall(r"^\| own \| `aten\.([\w.]+)` \|", section, re.M)
+    assert stock == list(table.STOCK_DECOMPOSITIONS)
+    ours = {f"{op._schema.name.split('::')[1]}.{op._overloadname}" for op in table.TORCHNEURON_DECOMPOSITIONS}
+    assert own and {name if "." in name else f"{name}.default" for name in own} == ours
+    decomposed = table.decomposition_table()
+    for op in table._overloads([n for n in table.STOCK_DECOMPOSITIONS if n != "index_select_backward"]):
+        overloads = [getattr(op, o) for o in op.overloads()] if isinstance(op, torch._ops.OpOverloadPacket) else [op]
+        assert any(o in decomposed for o in overloads), op
+    assert all(decomposed[op] is fn for op, fn in table.TORCHNEURON_DECOMPOSITIONS.items())

@@ -1,0 +1,583 @@
+"""Decompositions written from each operator's mathematics, into ops that lower to StableHLO: the
+counterparts of TorchNeuron's own compile decompositions, and of what its private pipeline must
+legalize where torch has no decomposition. :mod:`.decompositions` holds the table.
+
+Each runs while AOTAutograd traces (static shapes), so Python arithmetic on sizes is free, and a
+function may return ``NotImplemented`` to leave a case it does not cover to the op itself.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+# ---- views and indexing ---------------------------------------------------------------------------
+
+def _strided_positions(size, stride, offset: int, device) -> torch.Tensor:
+    """The storage position of every element of a strided view: offset + sum(i_d * stride_d)."""
+    position = torch.full((), offset, dtype=torch.int64, device=device)
+    for dim, (count, step) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[dim] = count
+        position = position + (torch.arange(count, device=device) * step).view(shape)
+    return position.expand(list(size))
+
+
+def as_strided(x, size, stride, storage_offset=None):
+    """A view of ``x``'s storage as a gather of the positions the view reads."""
+    if not x.is_contiguous():
+        return NotImplemented
+    offset = (x.storage_offset() if storage_offset is None else storage_offset) - x.storage_offset()
+    positions = _strided_positions(size, stride, offset, x.device)
+    return x.reshape(-1)[positions]
+
+
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """``x`` with the positions a strided view reads replaced by ``src``."""
+    if not x.is_contiguous():
+        return NotImplemented
+    offset = (x.storage_offset() if storage_offset is None else storage_offset) - x.storage_offset()
+    positions = _strided_positions(size, stride, offset, x.device).reshape(-1)
+    return x.reshape(-1).scatter(0, positions, src.reshape(-1).to(x.dtype)).view(x.shape)
+
+
+def index_copy(x, dim, index, source):
+    """Rows ``index`` along ``dim`` replaced by ``source``'s: a scatter."""
+    if x.dim() == 0:
+        return source.reshape(()).to(x.dtype).clone()
+    dim = dim % x.dim()
+    source = source.reshape([1] * x.dim()) if source.dim() == 0 else source
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    return x.scatter(dim, index.reshape(shape).expand(source.shape), source.to(x.dtype))
+
+
+def index_put(x, indices, values, accumulate=False):
+    """``x[indices] = values`` (or ``+=``) for integer indices on adjacent dimensions, as a scatter on
+    ``x`` flattened to (indexed positions, the rest). Boolean masks (their size depends on the data)
+    and indices split by a slice are left to the op."""
+    indices = list(indices)
+    while indices and indices[-1] is None:
+        indices.pop()
+    used = [i for i, index in enumerate(indices) if index is not None]
+    if (not used or used != list(range(used[0], used[-1] + 1))
+            or any(indices[i].dtype in (torch.bool, torch.uint8) for i in used)
+            or (accumulate and x.dtype == torch.bool)):
+        return NotImplemented
+    first, count = used[0], len(used)
+    moved = x.movedim(list(range(first, first + count)), list(range(count)))  # indexed dims first
+    sizes = moved.shape[:count]
+    tensors = torch.broadcast_tensors(*[indices[i] for i in used])
+    linear = torch.zeros_like(tensors[0], dtype=torch.int64)
+    for tensor, size in zip(tensors, sizes):
+        linear = linear * size + torch.where(tensor < 0, tensor + size, tensor)
+    batch = list(tensors[0].shape)
+    before, after = list(x.shape[:first]), list(x.shape[first + count:])
+    # values broadcast to x[indices]'s shape (before, batch, after), then batch moved to the front
+    values = values.to(x.dtype).expand(before + batch + after)
+    values = values.movedim(list(range(len(before), len(before) + len(batch))), list(range(len(batch))))
+    rest = math.prod(before + after)
+    flat = moved.reshape(math.prod(sizes), rest)
+    rows = linear.reshape(-1, 1).expand(-1, rest)
+    values = values.reshape(-1, rest)
+    result = flat.scatter_add(0, rows, values) if accumulate else flat.scatter(0, rows, values)
+    return result.reshape(moved.shape).movedim(list(range(count)), list(range(first, first + count)))
+
+
+def unsafe_masked_index(x, mask, indices, fill):
+    """``x[indices]`` where ``mask`` holds, ``fill`` elsewhere (indices there may be out of range: clamped)."""
+    clamped = [None if index is None else torch.clamp(index, -x.shape[d], x.shape[d] - 1)
+               for d, index in enumerate(indices)]
+    return torch.where(mask, aten.index.Tensor(x, clamped), fill)
+
+
+def empty_as_zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """Uninitialized memory, as zeros: XLA cannot compile StableHLO's ``tensor.empty``."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def new_empty_as_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.zeros(size, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def empty_strided_as_zeros(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def nonzero_static(x, *, size, fill_value=-1):
+    """The first ``size`` coordinates of nonzero elements, padded with ``fill_value``: each nonzero
+    element is scattered to the row its running count gives; the rest go to a row that is dropped."""
+    ndim = x.dim()
+    nonzero = (x != 0).reshape(-1)
+    count = nonzero.numel()
+    rank = torch.cumsum(nonzero.to(torch.int64), 0) - 1
+    row = torch.where(nonzero & (rank < size), rank, size)
+    flat = torch.arange(count, device=x.device)
+    coordinates = [(flat // math.prod(x.shape[d + 1:])) % x.shape[d] for d in range(ndim)]
+    coordinates = torch.stack(coordinates, 1) if ndim else flat.new_zeros((count, 0))
+    out = torch.full((size + 1, ndim), fill_value, dtype=torch.int64, device=x.device)
+    return out.scatter(0, row.view(-1, 1).expand(count, ndim), coordinates)[:size]
+
+
+def value_selecting_reduction_backward(grad, dim, indices, sizes, keepdim):
+    """The gradient of max/min along ``dim``: each output's gradient goes to the position it chose."""
+    if len(sizes) == 0:
+        return grad.clone()
+    if not keepdim:
+        grad, indices = grad.unsqueeze(dim), indices.unsqueeze(dim)
+    return grad.new_zeros(sizes).scatter(dim, indices, grad)
+
+
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """Each looked-up row's gradient added to its weight row; the padding row gets none; with
+    ``scale_grad_by_freq`` each is divided by how often its index occurs."""
+    width = grad.shape[-1]
+    index = indices.reshape(-1)
+    rows = grad.reshape(-1, width)
+    if padding_idx >= 0:
+        rows = rows * (index != padding_idx).to(rows.dtype).unsqueeze(1)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=rows.dtype, device=rows.device).scatter_add(
+            0, index, torch.ones_like(index, dtype=rows.dtype))
+        rows = rows / counts[index].unsqueeze(1)
+    out = torch.zeros(num_weights, width, dtype=grad.dtype, device=grad.device)
+    return out.scatter_add(0, index.view(-1, 1).expand(-1, width), rows)
+
+
+# ---- sorting and counting -------------------------------------------------------------------------
+
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    """The first ``k`` of a stable sort."""
+    values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
+    if x.dim() == 0:
+        return values, indices
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+
+
+def argsort(x, dim=-1, descending=False, *, stable=False):
+    return torch.sort(x, dim=dim, descending=descending, stable=stable)[1]
+
+
+def histc(x, bins=100, min=0, max=0):  # noqa: A002 - the op's own argument names
+    """Counts in ``bins`` equal bins over [min, max] (the data's range when both are 0; widened by
+    one each way when that range is empty); values outside are not counted, values at max go to the
+    last bin."""
+    low, high = float(min), float(max)
+    if low == high:
+        low, high = x.min(), x.max()
+        empty = low == high
+        low, high = torch.where(empty, low - 1, low), torch.where(empty, high + 1, high)
+    position = torch.floor((x - low) * bins / (high - low)).to(torch.int64)
+    position = torch.clamp(position, 0, bins - 1)
+    counted = ((x >= low) & (x <= high)).to(x.dtype)
+    hist = torch.zeros(bins, dtype=x.dtype, device=x.device)
+    return hist.scatter_add(0, position.reshape(-1), counted.reshape(-1))
+
+
+# ---- arithmetic -----------------------------------------------------------------------------------
+
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.full((), s, dtype=dtype or torch.get_default_dtype(), device=device)
+
+
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    """(sum |x|^ord)^(1/ord) over ``dim``; max |x| for inf, min for -inf, the count of nonzeros for 0."""
+    if dtype is not None:
+        x = x.to(dtype)
+    if x.is_complex():
+        return NotImplemented
+    dims = list(range(x.dim())) if dim is None else list(dim)
+    magnitude = x.abs()
+    if ord == math.inf:
+        return torch.amax(magnitude, dims, keepdim)
+    if ord == -math.inf:
+        return torch.amin(magnitude, dims, keepdim)
+    if ord == 0:
+        return torch.sum((magnitude != 0).to(magnitude.dtype), dims, keepdim)
+    if ord == 1:
+        return torch.sum(magnitude, dims, keepdim)
+    if ord == 2:
+        return torch.sqrt(torch.sum(magnitude * magnitude, dims, keepdim))
+    return torch.pow(torch.sum(torch.pow(magnitude, ord), dims, keepdim), 1.0 / ord)
+
+
+def sigmoid_backward(grad, out):
+    """d sigmoid = y (1 - y)."""
+    return grad * (1 - out) * out
+
+
+def silu_backward(grad, x):
+    """d (x sigmoid(x)) = s (1 + x (1 - s))."""
+    s = torch.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+def rshift_scalar(x, shift):
+    """``x >> shift`` for integers: an arithmetic shift."""
+    if x.dtype.is_floating_point or x.dtype == torch.bool:
+        return NotImplemented
+    return torch.bitwise_right_shift(x, shift)
+
+
+def foreach_pow_scalar(tensors, exponent):
+    return [torch.pow(t, exponent) for t in tensors]
+
+
+def linear_backward(x, grad, weight, output_mask):
+    """y = x W^T + b: dx = dy W, dW = dy^T x (over every leading dimension), db = sum dy."""
+    rows = grad.reshape(-1, grad.shape[-1])
+    grad_input = grad @ weight if output_mask[0] else None
+    grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]) if output_mask[1] else None
+    grad_bias = rows.sum(0) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
+
+
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """Matmuls over groups: 3D x 3D batched; 2D x 3D with ``offs`` the end row of each group of
+    ``a``'s rows; 2D x 2D with ``offs`` the end of each group along K. Each group is a masked full
+    product (static shapes: no slicing by data)."""
+    if bias is not None or (out_dtype is not None and out_dtype != a.dtype):
+        return NotImplemented
+    if a.dim() == 3 and b.dim() == 3 and offs is None:
+        return torch.bmm(a, b)
+    if offs is None or a.dim() != 2:
+        return NotImplemented
+    ends = offs.to(torch.int64)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    if b.dim() == 3:  # groups of rows: out[rows of g] = a[rows of g] @ b[g]
+        row = torch.arange(a.shape[0], device=a.device).view(1, -1, 1)
+        member = ((row >= starts.view(-1, 1, 1)) & (row < ends.view(-1, 1, 1))).to(a.dtype)  # (G, M, 1)
+        return (torch.matmul(a.unsqueeze(0), b) * member).sum(0)
+    if b.dim() == 2:  # groups along K: out[g] = a[:, K of g] @ b[K of g, :]
+        k = torch.arange(a.shape[1], device=a.device).view(1, -1)
+        member = ((k >= starts.view(-1, 1)) & (k < ends.view(-1, 1))).to(a.dtype)  # (G, K)
+        return torch.matmul(a.unsqueeze(0) * member.unsqueeze(1), b)
+    return NotImplemented
+
+
+# ---- attention ------------------------------------------------------------------------------------
+
+def _attention_scores(query, key, attn_bias, is_causal, scale):
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    if heads != kv_heads:  # grouped-query attention: each key/value head serves heads // kv_heads queries
+        key = key.repeat_interleave(heads // kv_heads, dim=-3)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        keep = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_bias is not None:
+        scores = (scores.masked_fill(~attn_bias, float("-inf")) if attn_bias.dtype == torch.bool
+                  else scores + attn_bias)
+    return scores, scale
+
+
+def _repeat_heads(t, heads):
+    return t.repeat_interleave(heads // t.shape[-3], dim=-3) if t.shape[-3] != heads else t
+
+
+def _sum_heads(grad, kv_heads):
+    """A gradient over repeated key/value heads, summed back to each head."""
+    heads = grad.shape[-3]
+    if heads == kv_heads:
+        return grad
+    return grad.unflatten(-3, (kv_heads, heads // kv_heads)).sum(-3)
+
+
+def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                      return_debug_mask=False, *, scale=None):
+    """softmax(q k^T * scale + bias) v, and the log-sum-exp of each row (what the backward needs):
+    TorchNeuron's fallback for its fused attention when no NKI kernel applies."""
+    if dropout_p > 0.0:
+        return NotImplemented
+    scores, _ = _attention_scores(query, key, attn_bias, is_causal, scale)
+    logsumexp = torch.logsumexp(scores, -1)
+    weights = torch.exp(scores - logsumexp.unsqueeze(-1))
+    output = torch.matmul(weights, _repeat_heads(value, query.shape[-3]))
+    empty = query.new_empty(0)
+    return (output, logsumexp, empty, empty, query.shape[-2], key.shape[-2], empty.to(torch.int64),
+            empty.to(torch.int64), empty)
+
+
+def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                       cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    """The attention's gradients, from the saved output and log-sum-exp: with P the weights,
+    dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale."""
+    if dropout_p > 0.0:
+        return NotImplemented
+    heads = query.shape[-3]
+    scores, scale = _attention_scores(query, key, attn_bias, is_causal, scale)
+    weights = torch.exp(scores - logsumexp.unsqueeze(-1))
+    value_full, key_full = _repeat_heads(value, heads), _repeat_heads(key, heads)
+    grad_weights = torch.matmul(grad_out, value_full.transpose(-2, -1))
+    grad_scores = weights * (grad_weights - (grad_out * out).sum(-1, keepdim=True))
+    grad_query = torch.matmul(grad_scores, key_full) * scale if grad_input_mask[0] else None
+    grad_key = (_sum_heads(torch.matmul(grad_scores.transpose(-2, -1), query) * scale, key.shape[-3])
+                if grad_input_mask[1] else None)
+    grad_value = (_sum_heads(torch.matmul(weights.transpose(-2, -1), grad_out), value.shape[-3])
+                  if grad_input_mask[2] else None)
+    grad_bias = None
+    if grad_input_mask[3] and attn_bias is not None and attn_bias.dtype != torch.bool:
+        grad_bias = _sum_to(grad_scores, attn_bias.shape)
+    return grad_query, grad_key, grad_value, grad_bias
+
+
+def _sum_to(t, shape):
+    """``t`` summed over the dimensions a tensor of ``shape`` was broadcast along."""
+    lead = t.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and t.shape[lead + i] != 1]
+    return t.sum(dims, keepdim=True).reshape(shape) if dims else t
+
+
+# ---- convolution ----------------------------------------------------------------------------------
+
+def _weight_gradient(x, grad, kernel, stride, padding, dilation, groups):
+    """dW[o, c, t] = sum_{n, u} dy[n, o, u] x[n, c, u*stride + t*dilation - padding]: a convolution of x
+    (channels and batch swapped) by dy, with stride and dilation swapped, one group per group."""
+    spatial = x.dim() - 2
+    batch, channels = x.shape[:2]
+    outputs = grad.shape[1]
+    per_in, per_out = channels // groups, outputs // groups
+    rest = list(range(3, 3 + spatial))
+    inputs = x.reshape(batch, groups, per_in, *x.shape[2:]).permute(2, 1, 0, *rest)
+    inputs = inputs.reshape(per_in, groups * batch, *x.shape[2:])
+    weights = grad.reshape(batch, groups, per_out, *grad.shape[2:]).permute(1, 2, 0, *rest)
+    weights = weights.reshape(groups * per_out, batch, *grad.shape[2:])
+    result = aten.convolution(inputs, weights, None, list(dilation), list(padding), list(stride), False,
+                              [0] * spatial, groups)
+    for d, size in enumerate(kernel):
+        result = result.narrow(2 + d, 0, size)
+    result = result.reshape(per_in, groups, per_out, *kernel).permute(1, 2, 0, *rest)
+    return result.reshape(outputs, per_in, *kernel)
+
+
+def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                         groups, output_mask):
+    """A convolution's gradients as convolutions. For y = conv(x, W): dx is the transposed
+    convolution of dy by W (its output padding chosen to give back x's size), dW is
+    :func:`_weight_gradient`. A transposed convolution is the input gradient of conv(., W), so its
+    dx is conv(dy, W), and its dW is conv's weight gradient with the roles of x and dy exchanged."""
+    spatial = x.dim() - 2
+    stride, padding, dilation = (list(v) * (spatial if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    kernel = list(weight.shape[2:])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[2]:
+        grad_bias = grad.sum([0, *range(2, grad.dim())])
+    if not transposed:
+        if output_mask[0]:
+            extra = [x.shape[2 + d] + 2 * padding[d] - dilation[d] * (kernel[d] - 1) - 1
+                     - (grad.shape[2 + d] - 1) * stride[d] for d in range(spatial)]
+            grad_input = aten.convolution(grad, weight, None, stride, padding, dilation, True, extra, groups)
+        if output_mask[1]:
+            grad_weight = _weight_gradient(x, grad, kernel, stride, padding, dilation, groups)
+    else:
+        if output_mask[0]:
+            grad_input = aten.convolution(grad, weight, None, stride, padding, dilation, False, [0] * spatial,
+                                          groups)
+        if output_mask[1]:
+            grad_weight = _weight_gradient(grad, x, kernel, stride, padding, dilation, groups)
+    return grad_input, grad_weight, grad_bias
+
+
+# ---- pooling and padding (stand-ins for the private pipeline) -------------------------------------
+
+def _window_sums(x, kernel, stride, padding, ceil_mode, outputs):
+    """Sums over each pooling window of ``x`` (N, C, *spatial) zero-padded: a depthwise convolution
+    by ones. ``outputs``: the pooled sizes (the input is padded on the right for ceil_mode's last
+    window)."""
+    spatial = len(kernel)
+    batch, channels = x.shape[:2]
+    pads = []
+    for d in reversed(range(spatial)):
+        needed = (outputs[d] - 1) * stride[d] + kernel[d]
+        pads += [padding[d], max(0, needed - x.shape[2 + d] - padding[d])]
+    flat = torch.nn.functional.pad(x.reshape(batch * channels, 1, *x.shape[2:]), pads)
+    ones = torch.ones(1, 1, *kernel, dtype=x.dtype, device=x.device)
+    sums = aten.convolution(flat, ones, None, list(stride), [0] * spatial, [1] * spatial, False, [0] * spatial, 1)
+    for d in range(spatial):
+        sums = sums.narrow(2 + d, 0, outputs[d])
+    return sums.reshape(batch, channels, *outputs)
+
+
+def _pool_divisors(shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, outputs,
+                   dtype, device):
+    """Each output's divisor: ``divisor_override``; else its window's size, the part inside the padded
+    input (count_include_pad) or inside the input."""
+    if divisor_override:
+        return torch.full((), float(divisor_override), dtype=dtype, device=device)
+    spatial = len(kernel)
+    inside = torch.ones(1, 1, *shape, dtype=dtype, device=device)
+    if count_include_pad:  # the padded input counts, windows hanging past it do not
+        inside = torch.nn.functional.pad(inside, [p for d in reversed(range(spatial)) for p in (padding[d],) * 2],
+                                         value=1.0)
+        padding = [0] * spatial
+    return _window_sums(inside, kernel, stride, padding, ceil_mode, outputs)[0, 0]
+
+
+def _pool_arguments(spatial, kernel, stride, padding):
+    """Kernel, stride and padding with one entry per spatial dimension (a single entry repeats; an
+    empty stride is the kernel)."""
+    def full(values):
+        values = [values] if isinstance(values, int) else list(values)
+        return values * spatial if len(values) == 1 else values
+
+    kernel = full(kernel)
+    return kernel, (full(stride) if stride else kernel), full(padding)
+
+
+def _pooled_size(size, kernel, stride, padding, ceil_mode):
+    span = size + 2 * padding - kernel
+    out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:  # the last window must start inside
+        out -= 1
+    return out
+
+
+def avg_pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
+             *, spatial):
+    """Window sums (:func:`_window_sums`) divided by each window's divisor."""
+    kernel, stride, padding = _pool_arguments(spatial, kernel_size, stride, padding)
+    unbatched = x.dim() == spatial + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    shape = list(x.shape[2:])
+    outputs = [_pooled_size(shape[d], kernel[d], stride[d], padding[d], ceil_mode) for d in range(len(kernel))]
+    sums = _window_sums(x, kernel, stride, padding, ceil_mode, outputs)
+    result = sums / _pool_divisors(shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                                   outputs, x.dtype, x.device)
+    return result.squeeze(0) if unbatched else result
+
+
+def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, *,
+                      spatial):
+    """Each output's gradient divided by its divisor and spread over its window: the transposed
+    window sum, cut back to the input (the padding removed)."""
+    kernel, stride, padding = _pool_arguments(spatial, kernel_size, stride, padding)
+    unbatched = x.dim() == spatial + 1
+    if unbatched:
+        x, grad = x.unsqueeze(0), grad.unsqueeze(0)
+    shape = list(x.shape[2:])
+    outputs = list(grad.shape[2:])
+    scaled = grad / _pool_divisors(shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                                   outputs, grad.dtype, grad.device)
+    batch, channels = grad.shape[:2]
+    ones = torch.ones(1, 1, *kernel, dtype=grad.dtype, device=grad.device)
+    spread = aten.convolution(scaled.reshape(batch * channels, 1, *outputs), ones, None, list(stride),
+                              [0] * spatial, [1] * spatial, True, [0] * spatial, 1)
+    for d in range(spatial):  # the padded input's coordinates: drop the padding, fill what no window reached
+        covered = spread.shape[2 + d]
+        if covered < padding[d] + shape[d]:
+            pads = [0, 0] * (spatial - 1 - d) + [0, padding[d] + shape[d] - covered]
+            spread = torch.nn.functional.pad(spread, pads)
+        spread = spread.narrow(2 + d, padding[d], shape[d])
+    result = spread.reshape(batch, channels, *shape)
+    return result.squeeze(0) if unbatched else result
+
+
+def _adaptive_matrix(size, outputs, dtype, device):
+    """(outputs, size): row i averages input positions [floor(i*size/outputs), ceil((i+1)*size/outputs))."""
+    row = torch.arange(outputs, device=device).view(-1, 1)
+    start = (row * size) // outputs
+    end = ((row + 1) * size + outputs - 1) // outputs
+    position = torch.arange(size, device=device).view(1, -1)
+    member = ((position >= start) & (position < end)).to(dtype)
+    return member / (end - start).to(dtype)
+
+
+def adaptive_avg_pool(x, output_size):
+    """Adaptive average pooling is separable: one averaging matrix per spatial dimension."""
+    spatial = len(output_size)
+    for d in range(spatial):
+        dim = x.dim() - spatial + d
+        matrix = _adaptive_matrix(x.shape[dim], output_size[d], x.dtype, x.device)
+        x = torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
+    return x
+
+
+def adaptive_avg_pool_backward(grad, x, *, spatial):
+    """The transposes of the averaging matrices, applied to the gradient."""
+    for d in range(spatial):
+        dim = grad.dim() - spatial + d
+        matrix = _adaptive_matrix(x.shape[dim], grad.shape[dim], grad.dtype, grad.device)
+        grad = torch.matmul(matrix.t(), grad.movedim(dim, -2)).movedim(-2, dim)
+    return grad
+
+
+def adaptive_max_pool(x, output_size):
+    """Adaptive max pooling with its indices: every window gathered at once (each padded to the widest
+    window of its dimension, the padding masked with -inf), then max and argmax over it. The index is
+    the position in the flattened spatial input, as torch returns it."""
+    spatial = len(output_size)
+    sizes = list(x.shape[-spatial:])
+    lead = x.dim() - spatial
+    positions, valid, flat = [], None, None
+    for d, (size, outputs) in enumerate(zip(sizes, output_size)):
+        width = max(((i + 1) * size + outputs - 1) // outputs - (i * size) // outputs for i in range(outputs))
+        row = torch.arange(outputs, device=x.device).view(-1, 1)
+        position = (row * size) // outputs + torch.arange(width, device=x.device).view(1, -1)
+        inside = position < ((row + 1) * size + outputs - 1) // outputs
+        shape = [1] * (2 * spatial)
+        shape[2 * d], shape[2 * d + 1] = outputs, width
+        position = torch.clamp(position, max=size - 1).view(shape)
+        positions.append(position)
+        valid = inside.view(shape) if valid is None else valid & inside.view(shape)
+        flat = position * math.prod(sizes[d + 1:]) if flat is None else flat + position * math.prod(sizes[d + 1:])
+    windows = x[(Ellipsis, *positions)]  # lead..., out0, width0, out1, width1, ...
+    windows = torch.where(valid, windows, torch.full((), float("-inf"), dtype=x.dtype, device=x.device))
+    order = [*range(lead), *(lead + 2 * d for d in range(spatial)), *(lead + 2 * d + 1 for d in range(spatial))]
+    windows = windows.permute(order).flatten(-spatial)
+    flat = flat.expand(valid.shape).permute([2 * d for d in range(spatial)] + [2 * d + 1 for d in range(spatial)])
+    values, chosen = windows.max(-1)
+    indices = flat.flatten(-spatial).expand(*windows.shape[:lead], *flat.shape[:spatial], -1)
+    return values, torch.gather(indices, -1, chosen.unsqueeze(-1)).squeeze(-1)
+
+
+def _scatter_by_indices(grad, x, indices, spatial):
+    """Each output's gradient added at the input position its (flattened spatial) index names."""
+    lead = x.shape[:x.dim() - spatial]
+    flat_grad = grad.reshape(*lead, -1)
+    flat_index = indices.reshape(*lead, -1)
+    out = torch.zeros(*lead, math.prod(x.shape[x.dim() - spatial:]), dtype=grad.dtype, device=grad.device)
+    return out.scatter_add(-1, flat_index, flat_grad).reshape(x.shape)
+
+
+def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, *, spatial):
+    return _scatter_by_indices(grad, x, indices, spatial)
+
+
+def adaptive_max_pool_backward(grad, x, indices, *, spatial):
+    return _scatter_by_indices(grad, x, indices, spatial)
+
+
+def replication_pad_backward(grad, x, padding):
+    """Replication padding reads input position clamp(j - left, 0, size - 1) at each output j: its
+    gradient adds each output's gradient there, one dimension at a time."""
+    spatial = len(padding) // 2
+    for d in range(spatial):
+        dim = grad.dim() - 1 - d
+        left, size = padding[2 * d], x.shape[dim]
+        source = torch.clamp(torch.arange(grad.shape[dim], device=grad.device) - left, 0, size - 1)
+        shape = list(grad.shape)
+        shape[dim] = size
+        grad = torch.zeros(shape, dtype=grad.dtype, device=grad.device).index_add(dim, source, grad)
+    return grad
+
+
+def pad_circular(x, pad):
+    """Circular padding: each dimension (last first) extended by its own ends, wrapped around;
+    negative amounts crop."""
+    for d in range(len(pad) // 2):
+        dim = x.dim() - 1 - d
+        left, right = pad[2 * d], pad[2 * d + 1]
+        x = x.narrow(dim, max(0, -left), x.shape[dim] - max(0, -left) - max(0, -right))  # crop first
+        size = x.shape[dim]
+        parts = [x.narrow(dim, size - left, left)] if left > 0 else []
+        parts.append(x)
+        if right > 0:
+            parts.append(x.narrow(dim, 0, right))
+        x = torch.cat(parts, dim) if len(parts) > 1 else parts[0]
+    return x
