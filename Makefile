@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
 
-.PHONY: all setup demo test test-isa bench clean
+.PHONY: all setup demo test test-isa bench sweep-xla clean
 
 all: test
 
@@ -50,8 +50,14 @@ COMPILED_TESTS := $(wildcard tests/test_compile*.py) tests/test_seed_examples_co
 test-isa: setup
 	ATEN_CPU_CAPABILITY=$(ISA) $(PY) -m pytest -q -n auto --dist loadfile $(COMPILED_TESTS)
 
-# Each script writes its numbers to $(BENCH_OUT); the last line prints every target in one table.
 BENCH_OUT := benchmarks/results
+
+# The faithful compiler over every op_db op and module_db module (long: hours on 2 cores); writes
+# docs/xla-sweep.md. A representative part runs in `make test` (tests/test_xla_sweep.py).
+sweep-xla: setup
+	$(PY) tests/helpers/xla_sweep.py --json $(BENCH_OUT)/xla-sweep.json --markdown docs/xla-sweep.md
+
+# Each script writes its numbers to $(BENCH_OUT); the last line prints every target in one table.
 bench: setup
 	mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_eager.py --json $(BENCH_OUT)/eager.json

@@ -43,7 +43,7 @@ def sdpa_case(heads=4, kv_heads=4, causal=False, bias=None):
 CASES = {
     aten.as_strided.default: [((r(4, 5), [3, 2], [1, 5], 2), {}), ((r(12), [2, 2, 3], [6, 1, 2], None), {})],
     aten.as_strided_scatter.default: [((r(4, 5), r(3, 2, seed=1), [3, 2], [1, 5], 2), {})],
-    aten.topk.default: [((r(3, 9), 4), {}), ((r(3, 9), 2, 0, False), {}), ((r(6), 6, -1, True, True), {})],
+    aten.topk.default: [((r(9, 3), 4, 0), {}), ((r(3, 9), 2, 0, False), {}), ((r(6), 6, -1, False, True), {})],
     aten.argsort.default: [((r(3, 9), 1, True), {})],
     aten.argsort.stable: [((torch.tensor([3.0, 1.0, 3.0, 2.0, 1.0]),), {"stable": True, "descending": False})],
     aten.scalar_tensor.default: [((2.5,), {}), ((3,), {"dtype": torch.int32})],
@@ -216,6 +216,10 @@ def test_own_backward_equals_autograd_of_its_forward(op):
         args, kwargs = calls[0]
         got = OWN[op](*args, **kwargs)
         _close(got, op(*args, **kwargs))
+
+
+def test_topk_leaves_the_form_torch_mlir_lowers_to_the_op():
+    assert table.TORCHNEURON_DECOMPOSITIONS[aten.topk.default](r(3, 9), 4) is NotImplemented
 
 
 def test_stock_names_resolve_to_torchs_decompositions():

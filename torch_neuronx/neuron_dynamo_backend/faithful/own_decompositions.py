@@ -150,11 +150,17 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
 # ---- sorting and counting -------------------------------------------------------------------------
 
 def topk(x, k, dim=-1, largest=True, sorted=True):
-    """The first ``k`` of a stable sort."""
-    values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
+    """Any topk as the one form torch-mlir lowers (the largest, along the last dimension): the
+    dimension moved last, smallest-k as largest-k of the negated values."""
     if x.dim() == 0:
-        return values, indices
-    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    if dim == x.dim() - 1 and largest:
+        return NotImplemented
+    moved = x.movedim(dim, -1)
+    values, indices = aten.topk(moved if largest else -moved, k, -1, True, True)
+    values = values if largest else -values
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
 
 
 def argsort(x, dim=-1, descending=False, *, stable=False):

@@ -1,0 +1,399 @@
+"""The faithful compiled path swept over PyTorch's own op_db and module_db: each case compiled with
+``backend="neuron", options={"executor": "xla"}`` (TorchNeuron's front end: its decompositions,
+torch-mlir, StableHLO, run by XLA:CPU), forward and backward, against CPU eager (the oracle).
+
+A case passes when its graphs compile and its outputs (and gradients) equal eager within float32
+tolerances (``RTOL``/``ATOL``: XLA sums in its own order); random ops are compared by shape and dtype
+only (XLA draws its own numbers). A case that fails is classified: ``lowering`` (an op does not lower,
+with the op and the stage), ``crash`` (torch-mlir crashed on it), ``mismatch`` (it runs, but computes
+something else), ``error`` (anything else). A case whose eager call raises on CPU is not counted.
+
+    python tests/helpers/xla_sweep.py --json out.json [--ops add mul ...] [--modules nn.Linear ...]
+
+``make sweep-xla`` runs every case and writes docs/xla-sweep.md (see ``markdown``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+RTOL, ATOL = 1e-4, 1e-4
+N = "neuron"
+OPTIONS = {"executor": "xla"}
+_RANDOM_NAME = re.compile(r"(rand|normal|bernoulli|dropout|multinomial|uniform|exponential|geometric|"
+                          r"cauchy|log_normal|poisson)")
+
+
+def _flatten(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
+        return [t for v in x for t in _flatten(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _flatten(v)]
+    return []
+
+
+def _replace(x, tensors):
+    """``x`` with its tensors taken, in order, from the iterator ``tensors``."""
+    if isinstance(x, torch.Tensor):
+        return next(tensors)
+    if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
+        items = [_replace(v, tensors) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    if isinstance(x, dict):
+        return {k: _replace(v, tensors) for k, v in x.items()}
+    return x
+
+
+def _to(t: torch.Tensor, device: str) -> torch.Tensor:
+    moved = t.detach().to(device)
+    return moved.requires_grad_(t.requires_grad) if t.dtype.is_floating_point or t.is_complex() else moved
+
+
+def _classify(error: BaseException) -> tuple[str, str]:
+    """(status, detail) of a failed case: the lowering error's op and stage when there is one."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or getattr(error, "inner_exception", None) or error.__context__
+    for e in chain:
+        if type(e).__name__ == "LoweringError":
+            return ("crash" if e.stage == "crash" else "lowering"), f"{e.op} ({e.stage})"
+    text = " ".join(str(chain[0]).split())
+    match = re.search(r"(aten\.[\w.]+) (?:at .*? )?does not lower to StableHLO \(stage: ([\w-]+)\)", text)
+    if match:
+        return ("crash" if match.group(2) == "crash" else "lowering"), f"{match.group(1)} ({match.group(2)})"
+    last = chain[-1]
+    return "error", f"{type(last).__name__}: {' '.join(str(last).split())[:160]}"
+
+
+def _compare(got, expected, random: bool) -> str | None:
+    """None when equal within the tolerances, else what differs."""
+    got, expected = _flatten(got), _flatten(expected)
+    if len(got) != len(expected):
+        return f"{len(got)} outputs, eager {len(expected)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g is None or e is None:
+            if g is not e:
+                return f"output {i}: None on one side"
+            continue
+        g = g.detach().cpu()
+        if g.shape != e.shape or g.dtype != e.dtype:
+            return f"output {i}: {g.dtype}{list(g.shape)}, eager {e.dtype}{list(e.shape)}"
+        if random:
+            continue
+        if g.is_complex() or g.dtype.is_floating_point:
+            if not torch.allclose(g, e.detach(), rtol=RTOL, atol=ATOL, equal_nan=True):
+                diff = (g.double() - e.detach().double()).abs()
+                diff = diff[~diff.isnan()]
+                return f"output {i}: max difference {diff.max().item() if diff.numel() else float('nan'):.3g}"
+        elif not torch.equal(g, e.detach()):
+            return f"output {i}: values differ"
+    return None
+
+
+def _no_graph(fn, forward_input, args=()) -> dict:
+    """A case Dynamo compiled no graph for: ``dynamo-skips`` when it compiles none on CPU either (not
+    the device's doing; not counted), else ``no-graph`` (a failure)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if forward_input is not None:
+                torch.compile(fn, backend=counter)(*forward_input.args, **forward_input.kwargs)
+            else:
+                torch.compile(fn, backend=counter)(*args)
+        except Exception:  # noqa: BLE001 - only the count matters
+            pass
+    if counter.frame_count == 0:
+        return {"status": "dynamo-skips", "detail": "Dynamo compiles no graph for it on CPU either"}
+    return {"status": "no-graph", "detail": "Dynamo compiled no graph on neuron, but does on CPU"}
+
+
+def _graphs() -> int:
+    from torch_neuronx.neuron_dynamo_backend import get_dynamo_metrics
+
+    return len(get_dynamo_metrics())
+
+
+def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
+    """``fn(*args)`` eager on CPU, then compiled (xla) on neuron; with ``backward``, the gradients of
+    sum(out_i * w_i) too."""
+    from torch_neuronx.neuron_dynamo_backend import reset_dynamo_metrics
+
+    torch.manual_seed(0)
+    try:
+        expected = fn(*cpu_args)
+    except Exception:  # noqa: BLE001 - nothing to compare against
+        return {"status": "eager-raises"}
+    outs = [o for o in _flatten(expected) if o.requires_grad] if backward else []
+    wrt = [a for a in cpu_args if isinstance(a, torch.Tensor) and a.requires_grad] if backward else []
+    backward = backward and bool(outs) and bool(wrt)
+    if backward:
+        gen = torch.Generator().manual_seed(7)
+        weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+        expected_grads = torch.autograd.grad(outs, wrt, weights, allow_unused=True)
+    torch._dynamo.reset()
+    reset_dynamo_metrics()
+    neuron_args = [_to(a, N) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            got = torch.compile(fn, backend="neuron", options=OPTIONS, dynamic=False)(*neuron_args)
+            if _graphs() == 0:
+                return _no_graph(fn, None, cpu_args)
+            problem = _compare(got, expected, random)
+            if problem is None and backward:
+                g_outs = [o for o in _flatten(got) if o.requires_grad]
+                g_wrt = [a for a in neuron_args if isinstance(a, torch.Tensor) and a.requires_grad]
+                grads = torch.autograd.grad(g_outs, g_wrt, [w.to(N) for w in weights], allow_unused=True)
+                problem = _compare(list(grads), list(expected_grads), random)
+                problem = problem and f"gradient {problem}"
+    except Exception as error:  # noqa: BLE001 - classified
+        status, detail = _classify(error)
+        return {"status": status, "detail": detail, "seconds": time.perf_counter() - start}
+    if problem is not None:
+        return {"status": "mismatch", "detail": problem, "seconds": time.perf_counter() - start}
+    return {"status": "pass", "graphs": _graphs(), "seconds": time.perf_counter() - start}
+
+
+# ---- op_db ----------------------------------------------------------------------------------------
+
+def op_infos(names=None):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = [op for op in op_db if op.supports_dtype(torch.float32, "cpu")]
+    return [op for op in ops if names is None or op.full_name in names or op.name in names]
+
+
+def op_case(op, backward: bool) -> dict:
+    """The op's first sample (with gradients when ``backward``), compiled."""
+    requires_grad = backward and op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu")
+    if backward and not requires_grad:
+        return {"status": "no-backward"}
+    torch.manual_seed(0)
+    try:
+        sample = next(iter(op.sample_inputs("cpu", torch.float32, requires_grad=requires_grad)))
+    except StopIteration:
+        return {"status": "no-sample"}
+    structure = (sample.input, sample.args, sample.kwargs)
+    leaves = _flatten(structure)
+
+    def fn(*tensors):
+        inp, args, kwargs = _replace(structure, iter(tensors))
+        return op(inp, *args, **kwargs)
+
+    return run_compiled(fn, leaves, backward, bool(_RANDOM_NAME.search(op.name)))
+
+
+# ---- module_db ------------------------------------------------------------------------------------
+
+def module_infos(names=None):
+    from torch.testing._internal.common_modules import module_db
+
+    return [m for m in module_db if torch.float32 in m.dtypes and (names is None or m.name in names)]
+
+
+def module_case(info, training: bool) -> dict:
+    """The module's first input, compiled, in training (forward and backward) or eval mode."""
+    torch.manual_seed(0)
+    inputs = [m for m in info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=True,
+                                                 training=training) if m.forward_input is not None]
+    if not inputs:
+        return {"status": "no-sample"}
+    module_input = inputs[0]
+    ctor = module_input.constructor_input
+    kwargs = dict(ctor.kwargs)
+    if "_random_samples" in kwargs:
+        kwargs["_random_samples"] = kwargs["_random_samples"].float()
+    torch.manual_seed(0)
+    cpu_module = info.module_cls(*ctor.args, **kwargs).train(training)
+    fwd = module_input.forward_input
+    structure = (fwd.args, fwd.kwargs)
+    leaves = _flatten(structure)
+    params = [p for p in cpu_module.parameters()]
+    random = bool(_RANDOM_NAME.search(info.name.lower())) or "Fractional" in info.name or (
+        training and "Dropout" in info.name)
+
+    class Call(torch.nn.Module):
+        """The module and its inputs' structure; the parameters are arguments, so gradients flow to them."""
+
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *tensors):
+            args, kw = _replace(structure, iter(tensors[len(params):]))
+            return self.module(*args, **kw)
+
+    def make(device):
+        module = copy.deepcopy(cpu_module).to(device)
+        return module
+
+    cpu_call = Call(cpu_module)
+
+    def fn(*tensors):  # eager on CPU: the parameters are the module's own
+        return cpu_call(*tensors)
+
+    torch.manual_seed(0)
+    try:
+        expected = fn(*params, *leaves)
+    except Exception:  # noqa: BLE001
+        return {"status": "eager-raises"}
+    outs = [o for o in _flatten(expected) if o.requires_grad] if training else []
+    wrt = params + [t for t in leaves if t.requires_grad]
+    backward = training and bool(outs) and bool(wrt)
+    if backward:
+        gen = torch.Generator().manual_seed(7)
+        weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+        expected_grads = torch.autograd.grad(outs, wrt, weights, allow_unused=True)
+    from torch_neuronx.neuron_dynamo_backend import reset_dynamo_metrics
+
+    torch._dynamo.reset()
+    reset_dynamo_metrics()
+    neuron_module = make(N)
+    neuron_leaves = [_to(t, N) for t in leaves]
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            got = torch.compile(neuron_module, backend="neuron", options=OPTIONS, dynamic=False)(
+                *_replace(fwd.args, iter(neuron_leaves[:len(_flatten(fwd.args))])),
+                **_replace(fwd.kwargs, iter(neuron_leaves[len(_flatten(fwd.args)):])))
+            if _graphs() == 0:
+                return _no_graph(cpu_module, fwd)
+            problem = _compare(got, expected, random)
+            if problem is None and backward:
+                g_outs = [o for o in _flatten(got) if o.requires_grad]
+                g_wrt = list(neuron_module.parameters()) + [t for t in neuron_leaves if t.requires_grad]
+                grads = torch.autograd.grad(g_outs, g_wrt, [w.to(N) for w in weights], allow_unused=True)
+                problem = _compare(list(grads), list(expected_grads), random)
+                problem = problem and f"gradient {problem}"
+    except Exception as error:  # noqa: BLE001
+        status, detail = _classify(error)
+        return {"status": status, "detail": detail, "seconds": time.perf_counter() - start}
+    if problem is not None:
+        return {"status": "mismatch", "detail": problem, "seconds": time.perf_counter() - start}
+    return {"status": "pass", "graphs": _graphs(), "seconds": time.perf_counter() - start}
+
+
+def run(op_names=None, module_names=None, progress=True) -> dict:
+    results = {"ops": {}, "modules": {}}
+    torch.set_num_threads(1)
+    for op in op_infos(op_names):
+        for direction in ("forward", "backward"):
+            try:
+                outcome = op_case(op, direction == "backward")
+            except Exception:  # noqa: BLE001 - the harness itself
+                outcome = {"status": "error", "detail": traceback.format_exc(limit=1).splitlines()[-1][:160]}
+            results["ops"][f"{op.full_name} {direction}"] = outcome
+            if progress:
+                print(f"op {op.full_name} {direction}: {outcome['status']} {outcome.get('detail', '')}", flush=True)
+    for info in module_infos(module_names):
+        for training in (True, False):
+            try:
+                outcome = module_case(info, training)
+            except Exception:  # noqa: BLE001
+                outcome = {"status": "error", "detail": traceback.format_exc(limit=1).splitlines()[-1][:160]}
+            results["modules"][f"{info.name} {'train' if training else 'eval'}"] = outcome
+            if progress:
+                print(f"module {info.name} {'train' if training else 'eval'}: {outcome['status']} "
+                      f"{outcome.get('detail', '')}", flush=True)
+    return results
+
+
+# Statuses that are not the compiler's: not counted in the pass rate.
+NOT_COUNTED = ("eager-raises", "no-sample", "no-backward", "dynamo-skips")
+
+
+def summary(cases: dict) -> tuple[int, int]:
+    """(passed, counted) over the cases whose status is the compiler's."""
+    counted = [c for c in cases.values() if c["status"] not in NOT_COUNTED]
+    return sum(c["status"] == "pass" for c in counted), len(counted)
+
+
+def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) -> str:
+    """The sweep as docs/xla-sweep.md: totals, then every failing case with its detail and, from
+    ``reasons`` (keyed by the op or module name), whether TorchNeuron would fail it too."""
+    lines = ["# The faithful compiler swept over PyTorch's op_db and module_db", "",
+             "Generated by `make sweep-xla` (`tests/helpers/xla_sweep.py`): each case compiled with",
+             '`torch.compile(..., backend="neuron", options={"executor": "xla"})` (TorchNeuron\'s',
+             "decompositions, torch-mlir, StableHLO, XLA:CPU), forward, and backward where it has one,",
+             "against CPU eager within float32 tolerance. OpInfo: each op's first float32 sample.",
+             "ModuleInfo: each module's first input, in training (forward and backward) and in eval mode.",
+             "Cases that are not the compiler's are not counted: eager raises on CPU, no sample, no",
+             "backward, or Dynamo compiles no graph for them on CPU either.", ""]
+    for kind, title in (("modules", "ModuleInfo cases"), ("ops", "OpInfo ops")):
+        cases = results[kind]
+        if kind == "ops":  # an op passes when both its directions do
+            by_op: dict[str, list] = {}
+            for name, case in cases.items():
+                by_op.setdefault(name.rsplit(" ", 1)[0], []).append(case)
+            passed = sum(all(c["status"] in ("pass", *NOT_COUNTED) for c in cs) and
+                         any(c["status"] == "pass" for c in cs) for cs in by_op.values())
+            counted = sum(any(c["status"] not in NOT_COUNTED for c in cs) for cs in by_op.values())
+        else:
+            passed, counted = summary(cases)
+        if counted:
+            lines.append(f"- {title}: **{passed} of {counted} pass ({100 * passed / counted:.1f}%)**")
+    for kind, title in (("modules", "ModuleInfo"), ("ops", "OpInfo")):
+        failing = {n: c for n, c in results[kind].items() if c["status"] not in ("pass", *NOT_COUNTED)}
+        lines += ["", f"## {title}: what does not pass", ""]
+        if not failing:
+            lines.append("Nothing.")
+            continue
+        lines += ["| case | status | detail | on Trainium |", "|---|---|---|---|"]
+        for name, case in sorted(failing.items()):
+            base = name.rsplit(" ", 1)[0]
+            reason = reasons.get(base, reasons.get(base.split(".")[0], default.get(case["status"], "not classified")))
+            detail = case.get("detail", "").replace("|", "\\|")
+            lines.append(f"| {name} | {case['status']} | {detail} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--markdown", help="also write the tables here")
+    parser.add_argument("--from-json", nargs="*", help="write the tables from earlier runs' JSON instead of running")
+    parser.add_argument("--ops", nargs="*", default=None, help="op names (default: all); none: no ops")
+    parser.add_argument("--modules", nargs="*", default=None, help="module names (default: all); none: no modules")
+    args = parser.parse_args(argv)
+    if args.from_json:
+        results = {"ops": {}, "modules": {}}
+        for path in args.from_json:
+            earlier = json.load(open(path))
+            results["ops"].update(earlier["ops"])
+            results["modules"].update(earlier["modules"])
+    else:
+        results = run(args.ops, args.modules)
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+    if args.markdown:
+        from xla_sweep_reasons import DEFAULT, REASONS
+
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, REASONS, DEFAULT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(main())

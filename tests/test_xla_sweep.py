@@ -1,0 +1,43 @@
+"""A representative part of the xla sweep (`make sweep-xla` runs all of op_db and module_db): modules
+and ops whose lowering needs TorchNeuron's own decompositions or the private pipeline's stand-ins,
+compiled forward and backward under the xla executor against CPU eager; and the tables' arithmetic."""
+import pytest
+
+from helpers import xla_sweep
+
+MODULES = ["nn.Conv1d", "nn.ConvTranspose2d", "nn.AvgPool2d", "nn.AdaptiveAvgPool3d", "nn.AdaptiveMaxPool2d",
+           "nn.ReplicationPad2d", "nn.CircularPad1d", "nn.LSTMCell", "nn.Embedding"]
+OPS = ["topk", "argsort", "histc", "nn.functional.max_pool3d", "diag_embed"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_trains_and_evaluates_under_xla_like_cpu(name):
+    [info] = xla_sweep.module_infos([name])
+    for training in (True, False):
+        outcome = xla_sweep.module_case(info, training)
+        assert outcome["status"] == "pass", (name, training, outcome)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_op_forward_and_backward_under_xla_like_cpu(name):
+    [op] = xla_sweep.op_infos([name])
+    for backward in (False, True):
+        outcome = xla_sweep.op_case(op, backward)
+        assert outcome["status"] in ("pass", "no-backward"), (name, backward, outcome)
+
+
+def test_a_case_that_does_not_lower_is_classified_with_op_and_stage():
+    [op] = xla_sweep.op_infos(["cummax"])
+    outcome = xla_sweep.op_case(op, False)
+    assert outcome["status"] == "lowering" and outcome["detail"].startswith("aten.cummax ("), outcome
+
+
+def test_tables_count_only_the_compilers_cases_and_give_each_failure_its_reason():
+    results = {"modules": {"nn.A train": {"status": "pass"}, "nn.A eval": {"status": "dynamo-skips"},
+                           "nn.B train": {"status": "lowering", "detail": "aten.x (stablehlo)"}},
+               "ops": {"f forward": {"status": "pass"}, "f backward": {"status": "no-backward"},
+                       "g forward": {"status": "pass"}, "g backward": {"status": "mismatch", "detail": "d"}}}
+    text = xla_sweep.markdown(results, {"nn.B": "because"}, {"mismatch": "ours to fix"})
+    assert "ModuleInfo cases: **1 of 2 pass (50.0%)**" in text and "OpInfo ops: **1 of 2 pass (50.0%)**" in text
+    assert "| nn.B train | lowering | aten.x (stablehlo) | because |" in text
+    assert "| g backward | mismatch | d | ours to fix |" in text
