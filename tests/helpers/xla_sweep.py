@@ -294,19 +294,23 @@ def module_case(info, training: bool) -> dict:
     return {"status": "pass", "graphs": _graphs(), "seconds": time.perf_counter() - start}
 
 
-def run(op_names=None, module_names=None, progress=True) -> dict:
+def run(op_names=None, module_names=None, progress=True, shard=(0, 1), save=None) -> dict:
+    """Every case (or those named); ``shard`` (i, n): only every n-th op and module, from the i-th."""
     results = {"ops": {}, "modules": {}}
     torch.set_num_threads(1)
-    for op in op_infos(op_names):
+    index, count = shard
+    for op in op_infos(op_names)[index::count]:
         for direction in ("forward", "backward"):
             try:
                 outcome = op_case(op, direction == "backward")
             except Exception:  # noqa: BLE001 - the harness itself
                 outcome = {"status": "error", "detail": traceback.format_exc(limit=1).splitlines()[-1][:160]}
             results["ops"][f"{op.full_name} {direction}"] = outcome
+            if save is not None:
+                save(results)  # a long sweep cut short keeps what it ran
             if progress:
                 print(f"op {op.full_name} {direction}: {outcome['status']} {outcome.get('detail', '')}", flush=True)
-    for info in module_infos(module_names):
+    for info in module_infos(module_names)[index::count]:
         for training in (True, False):
             try:
                 outcome = module_case(info, training)
@@ -372,6 +376,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
     parser.add_argument("--markdown", help="also write the tables here")
+    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th case from the i-th (parallel runs)")
     parser.add_argument("--from-json", nargs="*", help="write the tables from earlier runs' JSON instead of running")
     parser.add_argument("--ops", nargs="*", default=None, help="op names (default: all); none: no ops")
     parser.add_argument("--modules", nargs="*", default=None, help="module names (default: all); none: no modules")
@@ -383,7 +388,12 @@ def main(argv=None) -> int:
             results["ops"].update(earlier["ops"])
             results["modules"].update(earlier["modules"])
     else:
-        results = run(args.ops, args.modules)
+        index, count = (int(v) for v in args.shard.split("/"))
+        def save(partial):
+            with open(args.json, "w") as f:
+                json.dump(partial, f, indent=1)
+
+        results = run(args.ops, args.modules, shard=(index, count), save=save)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     if args.markdown:
