@@ -69,34 +69,24 @@ def resolve(instance: str, nnodes: int | None, nproc_per_node: int, lnc: int | N
 
 def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc_per_node: int, lnc: int,
               progress=None) -> dict:
-    """Run the program once per rank under fake tensors; the plan (a dict, see :mod:`.plan`)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Run the program once per rank under fake tensors; the plan (a dict, see :mod:`.plan`).
 
-    from torch_neuronx.simulate import plan, recorder, world
+    Each rank runs in a forked child of this process: it starts from the same warm state (torch and
+    the program's imports loaded once, here) and leaves nothing behind for the next rank. DTensor,
+    DeviceMesh and FSDP keep process-wide caches keyed by meshes that compare equal across ranks;
+    a second rank run in the same process would be handed the first one's process groups."""
+    from torch_neuronx.simulate import plan, world
 
     world.prepare_process(instance.name, lnc)
+    _preimport(script)
     capacity = instance.chip.core_memory(lnc)
     size = nnodes * nproc_per_node
     records = []
     start = time.perf_counter()
-    # One fake mode for every rank: its caches of op results carry over (a rank's fakes die with its run).
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    gc.collect()
+    gc.freeze()  # the children share these pages; their collections skip them
     for rank in range(size):
-        rec = recorder.RankRecorder(rank, capacity, script)
-        try:
-            with world.simulated_rank(rank, size, nproc_per_node, script, list(argv), fake_mode):
-                with fake_mode, rec:
-                    world.run_script(script, rank)
-        except Exception as error:  # the program failed on this rank: the plan says where
-            rec.record.error = f"{type(error).__name__}: {error}"
-            rec.record.error_line = _line_of(error, script)
-        records.append(rec.record)
-        del rec
-        gc.collect()
-        if rank == 0:
-            # What the first run imported stays for all: later collections skip it.
-            gc.freeze()
+        records.append(_run_rank_in_child(rank, size, nproc_per_node, capacity, script, list(argv)))
         if progress:
             progress(rank, records[-1])
         if records[-1].error:
@@ -104,6 +94,84 @@ def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc
     gc.unfreeze()
     layout = plan.Layout(instance, lnc, nnodes, nproc_per_node)
     return plan.build(records, layout, capacity, script, argv, time.perf_counter() - start, len(records))
+
+
+def _preimport(script: str) -> None:
+    """Import the program's top-level imports once, so that each rank's child finds them loaded."""
+    import ast
+    import importlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # What every rank's run would otherwise import lazily (Dynamo: FakeTensorMode's first op).
+    for name in ("torch._dynamo", "torch.distributed.tensor", "torch.distributed.tensor.parallel",
+                 "torch.distributed.fsdp", "torch.testing._internal.distributed.fake_pg"):
+        importlib.import_module(name)
+    with FakeTensorMode():
+        (torch.ones(2, device="neuron") + 1).sum()
+    try:
+        tree = ast.parse(open(script, encoding="utf-8").read())
+    except (OSError, SyntaxError):
+        return
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    for name in sorted(names):
+        try:
+            importlib.import_module(name)
+        except Exception:  # the program's own run reports it, on its line
+            pass
+
+
+def _run_rank_in_child(rank, size, nproc_per_node, capacity, script, argv):
+    import pickle
+
+    from torch_neuronx.simulate import recorder
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one rank, its record down the pipe, then gone
+        os.close(read_end)
+        code = 0
+        try:
+            record = _run_rank(rank, size, nproc_per_node, capacity, script, argv)
+            data = pickle.dumps(record)
+            with os.fdopen(write_end, "wb") as out:
+                out.write(data)
+        except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as incoming:
+        data = incoming.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        rec = recorder.RankRecord(rank)
+        rec.error = f"the simulation of rank {rank} died (wait status {status}), e.g. out of host memory"
+        return rec
+    return pickle.loads(data)
+
+
+def _run_rank(rank, size, nproc_per_node, capacity, script, argv):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_neuronx.simulate import recorder, world
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    rec = recorder.RankRecorder(rank, capacity, script)
+    try:
+        with world.simulated_rank(rank, size, nproc_per_node, script, argv, fake_mode):
+            with fake_mode, rec:
+                world.run_script(script, rank)
+    except Exception as error:  # the program failed on this rank: the plan says where
+        rec.record.error = f"{type(error).__name__}: {error}"
+        rec.record.error_line = _line_of(error, script)
+    return rec.record
 
 
 def _line_of(error: BaseException, script: str) -> str | None:

@@ -14,6 +14,7 @@ runs each rank's own code).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -46,6 +47,31 @@ def _tensors(namespace: dict, ranks: int, names) -> dict[str, list[torch.Tensor]
     return found
 
 
+@contextlib.contextmanager
+def _fsdp_keeps_local_storages():
+    """FSDP2 frees an unsharded parameter by resizing its storage to 0 and re-allocates it before
+    the next all-gather; a LocalTensor has no storage of its own to resize (torch raises "invalid
+    python storage"). Under --numerics memory is not measured, so the storage simply stays."""
+    from torch.distributed._local_tensor import LocalTensor
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    def keep_local(original):
+        def call(tensor):
+            if not isinstance(tensor, LocalTensor):
+                original(tensor)
+        return call
+
+    saved = {(m, n): getattr(m, n) for m in (_fsdp_param, _fsdp_param_group)
+             for n in ("alloc_storage", "free_storage") if hasattr(m, n)}
+    for (module, name), original in saved.items():
+        setattr(module, name, keep_local(original))
+    try:
+        yield
+    finally:
+        for (module, name), original in saved.items():
+            setattr(module, name, original)
+
+
 def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> dict:
     from torch.distributed._local_tensor import LocalTensorMode
 
@@ -56,10 +82,8 @@ def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int,
     start = time.perf_counter()
     # One run for all ranks: the fake group's rank 0 stands for each, LocalTensorMode holds their values.
     with world.simulated_rank(0, size, nproc_per_node, script, list(argv)):
-        with LocalTensorMode(size) as mode:
+        with _fsdp_keeps_local_storages(), LocalTensorMode(size):
             namespace = world.run_script_keeping_globals(script)
-            with mode.disable():
-                pass
             simulated = _tensors(namespace, size, names)
         del namespace
     with world.simulated_rank(0, 1, 1, script, list(argv)):

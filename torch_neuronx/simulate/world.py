@@ -148,11 +148,30 @@ def _reset_distributed() -> None:
     from torch.distributed.tensor import _random
 
     _random._rng_tracker = None
+    _clear_dtensor_caches()
     try:
         from torch.distributed.device_mesh import _mesh_resources
         _mesh_resources.mesh_stack.clear()
     except (ImportError, AttributeError):
         pass
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding decisions and redistribution plans by DTensorSpec, whose mesh compares
+    equal across runs (layout and names, not process groups): a cached result would hand the next
+    rank the previous rank's mesh, whose groups no longer exist."""
+    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (getattr(propagator.propagate_op_sharding, "cache", None),
+                   getattr(propagator, "_propagate_tensor_meta_cached", None),
+                   getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)):
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    clear_native = getattr(torch._C, "_clear_dtensor_cache", None)  # a C++ dispatch cache, where there is one
+    if clear_native is not None:
+        clear_native()
 
 
 def run_script(script: str, rank: int) -> None:

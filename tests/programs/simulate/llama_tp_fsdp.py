@@ -103,14 +103,23 @@ with torch.device("meta"):
 
 if world > 1:
     tp = min(args.tp, world)
-    mesh = init_device_mesh("neuron", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    dp = world // tp
+    # A 1-D mesh when one of the two is 1 (--numerics handles 1-D meshes; see README).
+    if dp == 1 or tp == 1:
+        mesh1 = init_device_mesh("neuron", (world,), mesh_dim_names=("tp" if dp == 1 else "dp",))
+        mesh = {"tp": mesh1 if dp == 1 else None, "dp": mesh1 if tp == 1 else None}
+    else:
+        mesh = init_device_mesh("neuron", (dp, tp), mesh_dim_names=("dp", "tp"))
     plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
             "w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
     for layer in model.layers:
-        parallelize_module(layer, mesh["tp"], plan)
-        fully_shard(layer, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+        if tp > 1:
+            parallelize_module(layer, mesh["tp"], plan)
+        if dp > 1:
+            fully_shard(layer, mesh=mesh["dp"])
+    if dp > 1:
+        fully_shard(model, mesh=mesh["dp"])
 model.to_empty(device=device)
 
 # Weights drawn on the CPU, parameter by parameter from its own seed, then sharded like the
