@@ -50,7 +50,8 @@ def prepare_process(instance: str, lnc: int) -> None:
     os.environ.pop(topology.VISIBLE_CORES_ENV, None)
     os.environ[topology.NUM_CORES_ENV] = str(min(cores, topology.MAX_TORCH_DEVICES))
     apply_topology()
-    torch.neuron.init()  # fake tensors read current_device() only from an initialized device
+    # Not initialized here: a child forked from an initialized runtime may not allocate (as with
+    # CUDA), and the structure mode forks one child per rank. See simulated_rank's is_initialized.
 
 
 @contextlib.contextmanager
@@ -125,6 +126,8 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
         stack.enter_context(_patched(torch.neuron, "current_device", lambda: current[0]))
         stack.enter_context(_patched(torch.neuron, "set_device", set_device))
+        # Fake tensors take current_device() for a bare "neuron" only from an initialized device.
+        stack.enter_context(_patched(torch.neuron, "is_initialized", lambda: True))
         if fake_mode is not None:
             _real_mesh_patches(stack)
             _swap_patch(stack, fake_mode)
