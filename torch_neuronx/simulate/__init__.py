@@ -9,9 +9,11 @@ fails when the members of a process group disagree on their calls. ``--numerics`
 under ``LocalTensorMode`` (torch.distributed._local_tensor: every rank's real values in one
 process) and compares the program's top-level tensors with one device's (:mod:`.numerics`).
 
-Why one run per rank, and not one run for all: a program may branch on its rank (``if rank == 0``),
+Why runs per rank, and not one run for all: a program may branch on its rank (``if rank == 0``),
 and only running that rank's code shows what it does. Fake tensors make a run cheap: no data is
-allocated, each op only computes shapes.
+allocated, each op only computes shapes. Ranks 0 and N-1 always run; the others run too unless
+the program provably does the same on every rank (:mod:`.symmetry`), when their records are rank
+0's with the groups translated.
 """
 from __future__ import annotations
 
@@ -68,32 +70,123 @@ def resolve(instance: str, nnodes: int | None, nproc_per_node: int, lnc: int | N
 
 
 def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc_per_node: int, lnc: int,
-              progress=None) -> dict:
-    """Run the program once per rank under fake tensors; the plan (a dict, see :mod:`.plan`).
+              progress=None, jobs: int | None = None, all_ranks: bool = False) -> dict:
+    """Run the program per rank under fake tensors; the plan (a dict, see :mod:`.plan`).
 
-    Each rank runs in a forked child of this process: it starts from the same warm state (torch and
-    the program's imports loaded once, here) and leaves nothing behind for the next rank. DTensor,
-    DeviceMesh and FSDP keep process-wide caches keyed by meshes that compare equal across ranks;
-    a second rank run in the same process would be handed the first one's process groups."""
-    from torch_neuronx.simulate import plan, world
+    Each rank runs in a forked child of this process, ``jobs`` at a time: it starts from the same
+    warm state (torch and the program's imports loaded once, here) and leaves nothing behind for
+    the next rank. DTensor, DeviceMesh and FSDP keep process-wide caches keyed by meshes that
+    compare equal across ranks; a second rank run in the same process would be handed the first
+    one's process groups.
+
+    Rank 0 and the last rank run first. When the program never used its rank and the last rank's
+    record is rank 0's relabelled, the other ranks' records are rank 0's relabelled (the argument
+    is in :mod:`.symmetry`); otherwise, or with ``all_ranks``, every rank runs."""
+    from torch_neuronx.simulate import plan, symmetry, world
 
     world.prepare_process(instance.name, lnc)
     _preimport(script)
     capacity = instance.chip.core_memory(lnc)
     size = nnodes * nproc_per_node
-    records = []
+    jobs = max(1, jobs or min(2, os.cpu_count() or 1))
     start = time.perf_counter()
     gc.collect()
     gc.freeze()  # the children share these pages; their collections skip them
-    for rank in range(size):
-        records.append(_run_rank_in_child(rank, size, nproc_per_node, capacity, script, list(argv)))
-        if progress:
-            progress(rank, records[-1])
-        if records[-1].error:
-            break
-    gc.unfreeze()
+    try:
+        first = sorted({0, size - 1})
+        done = _run_ranks(first, jobs, size, nproc_per_node, capacity, script, argv, progress)
+        why = None if all_ranks else _why_not_symmetric(done, size)
+        if why is None and not all_ranks:
+            tiling = symmetry.Tiling(size)
+            records = []
+            for rank in range(size):
+                rec = done.get(rank) or symmetry.relabel(done[0], rank, tiling)
+                if rank not in done:
+                    rec.relabelled_from = 0
+                records.append(rec)
+        else:
+            rest = [r for r in range(size) if r not in done]
+            if not any(rec.error for rec in done.values()):
+                done.update(_run_ranks(rest, jobs, size, nproc_per_node, capacity, script, argv, progress))
+            records = [done[r] for r in sorted(done)]
+    finally:
+        gc.unfreeze()
     layout = plan.Layout(instance, lnc, nnodes, nproc_per_node)
-    return plan.build(records, layout, capacity, script, argv, time.perf_counter() - start, len(records))
+    runs = sum(1 for rec in records if rec.relabelled_from is None)
+    result = plan.build(records, layout, capacity, script, argv, time.perf_counter() - start, runs)
+    result["simulation"]["symmetry"] = {
+        "used": runs < len(records), "jobs": jobs,
+        "why_every_rank_ran": "--all-ranks" if all_ranks else why,
+        "rank0_rank_uses": done[0].rank_uses if 0 in done else [],
+    }
+    return result
+
+
+def _why_not_symmetric(done: dict, size: int) -> str | None:
+    """None when ranks 0 and size-1 show the program is the same on every rank (symmetry.py)."""
+    from torch_neuronx.simulate import symmetry
+
+    if size <= 2:
+        return "every rank ran (at most two)"
+    first, last = done[0], done[size - 1]
+    for rec in (first, last):
+        if rec.error:
+            return f"rank {rec.rank} failed"
+        if rec.rank_uses:
+            return (f"the program uses its rank ({rec.rank_use_count} uses on rank {rec.rank}; first: "
+                    f"{rec.rank_uses[0]})")
+    relabelled = symmetry.relabel(first, size - 1, symmetry.Tiling(size))
+    if relabelled is None:
+        return "a process group of rank 0 is not one of a tiling of the world by translation"
+    differs = symmetry.same_record(relabelled, last)
+    if differs:
+        return f"the last rank differs from rank 0 relabelled: {differs}"
+    return None
+
+
+def _run_ranks(ranks, jobs, size, nproc_per_node, capacity, script, argv, progress) -> dict:
+    """{rank: record} for ``ranks``, each run in its own forked child, ``jobs`` at a time; stops
+    starting new ones after a rank fails."""
+    import pickle
+    import tempfile
+
+    from torch_neuronx.simulate import recorder
+
+    results, running, todo = {}, {}, list(ranks)
+    with tempfile.TemporaryDirectory(prefix="neuron_simulate_") as tmp:
+        while todo or running:
+            failed = any(rec.error for rec in results.values())
+            while todo and len(running) < jobs and not failed:
+                rank = todo.pop(0)
+                path = os.path.join(tmp, f"rank{rank}.pickle")
+                pid = os.fork()
+                if pid == 0:  # the child: one rank, its record in a file, then gone
+                    code = 0
+                    try:
+                        record = _run_rank(rank, size, nproc_per_node, capacity, script, list(argv))
+                        with open(path, "wb") as out:
+                            pickle.dump(record, out)
+                    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+                        code = 1
+                    finally:
+                        os._exit(code)
+                running[pid] = (rank, path)
+            if not running:
+                break
+            pid, status = os.wait()
+            if pid not in running:
+                continue
+            rank, path = running.pop(pid)
+            try:
+                with open(path, "rb") as f:
+                    rec = pickle.load(f)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                rec = recorder.RankRecord(rank)
+                rec.error = f"the simulation of rank {rank} died (wait status {status}), e.g. out of host memory"
+            results[rank] = rec
+            if progress:
+                progress(rank, rec)
+    return results
 
 
 def _preimport(script: str) -> None:
@@ -127,50 +220,24 @@ def _preimport(script: str) -> None:
             pass
 
 
-def _run_rank_in_child(rank, size, nproc_per_node, capacity, script, argv):
-    import pickle
-
-    from torch_neuronx.simulate import recorder
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: one rank, its record down the pipe, then gone
-        os.close(read_end)
-        code = 0
-        try:
-            record = _run_rank(rank, size, nproc_per_node, capacity, script, argv)
-            data = pickle.dumps(record)
-            with os.fdopen(write_end, "wb") as out:
-                out.write(data)
-        except BaseException:  # noqa: BLE001 - nothing may escape a forked child
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as incoming:
-        data = incoming.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        rec = recorder.RankRecord(rank)
-        rec.error = f"the simulation of rank {rank} died (wait status {status}), e.g. out of host memory"
-        return rec
-    return pickle.loads(data)
-
-
 def _run_rank(rank, size, nproc_per_node, capacity, script, argv):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torch_neuronx.simulate import recorder, world
 
+    from torch_neuronx.simulate import symmetry
+
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     rec = recorder.RankRecorder(rank, capacity, script)
+    audit = symmetry.Audit()
     try:
-        with world.simulated_rank(rank, size, nproc_per_node, script, argv, fake_mode):
+        with world.simulated_rank(rank, size, nproc_per_node, script, argv, fake_mode, audit):
             with fake_mode, rec:
                 world.run_script(script, rank)
     except Exception as error:  # the program failed on this rank: the plan says where
         rec.record.error = f"{type(error).__name__}: {error}"
         rec.record.error_line = _line_of(error, script)
+    rec.record.rank_uses, rec.record.rank_use_count = audit.notes, audit.count
     return rec.record
 
 

@@ -31,6 +31,11 @@ def parse(argv):
     parser.add_argument("--outputs", default=None,
                         help="with --numerics: comma-separated names of the top-level tensors to compare "
                              "(default: every top-level tensor of both runs)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="ranks simulated at once, each in its own forked child (default: 2, or 1 on one CPU)")
+    parser.add_argument("--all-ranks", action="store_true",
+                        help="run every rank's program, even when rank 0's and the last rank's runs show that "
+                             "the program does the same on every rank")
     parser.add_argument("--out", default="neuron_plan", help="directory of plan.json, plan.txt, plan.html")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict")
     parser.add_argument("script", help="the program, as torchrun would be given it")
@@ -47,6 +52,9 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: the script {args.script!r} does not exist (looked for {script}); give the path of "
               "the program torchrun would run", file=sys.stderr)
         return 2
+    if args.jobs is not None and args.jobs < 1:
+        print(f"{PROG}: error: --jobs {args.jobs}: give 1 or more ranks to simulate at once", file=sys.stderr)
+        return 2
     try:
         instance, nnodes, lnc = simulate.resolve(args.instance, args.nnodes, args.nproc_per_node, args.lnc)
     except simulate.PlanError as error:
@@ -61,10 +69,11 @@ def main(argv=None) -> int:
         result = numerics.run(script, args.args, instance, nnodes, args.nproc_per_node, lnc, outputs)
     else:
         def progress(rank, rec):
-            if not args.quiet and (rank % 8 == 7 or rec.error):
+            if not args.quiet and (rank % 8 == 7 or rec.error or rank == 0):
                 print(f"simulated rank {rank}", file=sys.stderr, flush=True)
 
-        result = simulate.structure(script, args.args, instance, nnodes, args.nproc_per_node, lnc, progress)
+        result = simulate.structure(script, args.args, instance, nnodes, args.nproc_per_node, lnc, progress,
+                                    jobs=args.jobs, all_ranks=args.all_ranks)
     plans.write(result, args.out)
     return report(result, args.out, args.quiet)
 

@@ -117,6 +117,9 @@ class RankRecord:
     over: OverCapacity | None = None
     error: str | None = None
     error_line: str | None = None
+    rank_uses: list[str] = field(default_factory=list)  # the program's uses of its rank (symmetry.py)
+    rank_use_count: int = 0
+    relabelled_from: int | None = None  # not run: rank 0's record relabelled (symmetry.py)
 
 
 class RankRecorder(TorchDispatchMode):

@@ -97,8 +97,10 @@ def _swap_patch(stack: contextlib.ExitStack, fake_mode) -> None:
 
 
 @contextlib.contextmanager
-def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv: list[str], fake_mode=None):
-    """The process as rank ``rank`` of ``world`` sees it, for the duration of one run."""
+def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv: list[str], fake_mode=None,
+                   audit=None):
+    """The process as rank ``rank`` of ``world`` sees it, for the duration of one run; with
+    ``audit`` (a symmetry.Audit) every rank value it hands out notes the program's uses of it."""
     local_rank = rank % nproc_per_node
     env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
            "LOCAL_WORLD_SIZE": str(nproc_per_node), "GROUP_RANK": str(rank // nproc_per_node),
@@ -131,6 +133,9 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         if fake_mode is not None:
             _real_mesh_patches(stack)
             _swap_patch(stack, fake_mode)
+        if audit is not None:
+            from torch_neuronx.simulate import symmetry
+            stack.enter_context(symmetry.audited_sources(audit))
         try:
             yield
         finally:

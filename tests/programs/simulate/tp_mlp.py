@@ -10,8 +10,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 HIDDEN = int(os.environ.get("MLP_HIDDEN", "1024"))
 
 dist.init_process_group("neuron")
-local_rank = int(os.environ["LOCAL_RANK"])
-device = torch.device("neuron", local_rank)
+device = torch.device("neuron", torch.neuron.current_device())  # the local rank's core
 mesh = init_device_mesh("neuron", (dist.get_world_size(),), mesh_dim_names=("tp",))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(HIDDEN, 4 * HIDDEN), torch.nn.GELU(),
