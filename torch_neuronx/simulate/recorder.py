@@ -133,6 +133,8 @@ class RankRecorder(TorchDispatchMode):
         self._last: dict[int, int] = {}  # id(UntypedStorage) -> its bytes, while it lives
         self._refs: dict[int, weakref.ref] = {}
         self._resize = None
+        self._paused = 0
+        self._meta = None
 
     # ------------------------------------------------------------ memory
 
@@ -146,7 +148,7 @@ class RankRecorder(TorchDispatchMode):
                 rec.over = OverCapacity(rec.current_bytes, nbytes, op, line, site)
 
     def _track(self, tensor: torch.Tensor, op: str) -> None:
-        if tensor.device.type != BACKEND_NAME:
+        if tensor.device.type != BACKEND_NAME or self._paused:
             return
         storage = tensor.untyped_storage()
         key = id(storage)
@@ -186,10 +188,27 @@ class RankRecorder(TorchDispatchMode):
 
         self._resize = original
         torch.UntypedStorage.resize_ = resize_
+        # DTensor derives an op's global output shape by running it on global-shape fake tensors
+        # under the current fake mode (ours): shape propagation, not the rank's memory.
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        meta = self._meta = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def propagate(*args, **kwargs):
+            recorder._paused += 1
+            try:
+                return meta(*args, **kwargs)
+            finally:
+                recorder._paused -= 1
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
         return super().__enter__()
 
     def __exit__(self, *exc):
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
         torch.UntypedStorage.resize_ = self._resize
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._meta
         return super().__exit__(*exc)
 
     # ------------------------------------------------------------ collectives

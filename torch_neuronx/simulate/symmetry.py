@@ -67,7 +67,9 @@ class Audit:
             return  # torch's own SPMD code, or printing/logging
         self.count += 1
         if len(self.notes) < MAX_NOTES:
-            self.notes.append(f"{os.path.basename(name)}:{frame.f_lineno}: {what()}")
+            text = f"{os.path.basename(name)}:{frame.f_lineno}: {what()}"
+            if text not in self.notes:
+                self.notes.append(text)
 
 
 _audit: Audit | None = None

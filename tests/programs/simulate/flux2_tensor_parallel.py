@@ -1,6 +1,6 @@
 """The seed's Flux2 transformer (diffusers' Flux2Transformer2DModel) tensor parallel over every rank
 with diffusers' own TensorParallelConfig, one denoising forward in bf16. Built on the meta device,
-sharded, then given (random) weights. Default: the FLUX.2-klein-4B configuration (5 double blocks,
+sharded, then given (random) weights, each rank drawing its own shard. Default: the FLUX.2-klein-4B configuration (5 double blocks,
 20 single blocks, 24 heads of 128, text features 3 x 2560); `--small` shrinks it for the tests."""
 import argparse
 
@@ -32,8 +32,10 @@ with torch.device("meta"):
 model.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
 model.to_empty(device=device)
 with torch.no_grad():
+    # Each rank fills its own shard: DTensor's random ops (p.normal_ on the DTensor) keep a Philox
+    # seed+offset per shard, which neuron's CPU-style (mt19937) generator does not have.
     for p in model.parameters():
-        p.normal_(0, 0.02)
+        getattr(p, "to_local", lambda: p)().normal_(0, 0.02)
     hidden = torch.randn(1, args.image_tokens, config["in_channels"], dtype=torch.bfloat16).to(device)
     text = torch.randn(1, args.text_tokens, config["joint_attention_dim"], dtype=torch.bfloat16).to(device)
     out = model(hidden_states=hidden, encoder_hidden_states=text, timestep=torch.tensor([0.5]).to(device),
