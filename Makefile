@@ -66,6 +66,7 @@ bench: setup
 	$(PY) benchmarks/bench_pipeline.py --json $(BENCH_OUT)/pipeline.json
 	$(PY) benchmarks/bench_diagnostics.py --json $(BENCH_OUT)/diagnostics.json
 	$(PY) benchmarks/bench_xla.py --json $(BENCH_OUT)/xla.json
+	$(PY) benchmarks/bench_simulate.py --json $(BENCH_OUT)/simulate.json
 	$(PY) benchmarks/targets.py $(BENCH_OUT)/*.json
 
 clean:

@@ -15,7 +15,7 @@ PACKAGE = "torch_neuronx"
 # The layers, top to bottom, each the folders (or root modules) under torch_neuronx/ that hold it. A
 # module imports only from its own layer and the layers below it.
 LAYERS = [
-    ("run", "neuron_ls", "neuron_cache", "demo"),  # tools
+    ("run", "neuron_ls", "neuron_cache", "demo", "simulate"),  # tools
     ("_registration",),  # registration: the ordered list of installs
     ("diagnostics",),  # readiness: observer, findings, estimate, report
     ("neuron_dynamo_backend",),  # the compiler

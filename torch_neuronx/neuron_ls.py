@@ -98,7 +98,10 @@ def text(topo: topology.Topology, show_topology: bool) -> str:
                    f"set {topology.VISIBLE_CORES_ENV} or {topology.NUM_CORES_ENV} to use fewer")
     if show_topology:
         out.append("")
-        if instance.torus is None:
+        if instance.switched:
+            out.append(f"{instance.name}: {instance.chips} {instance.chip.name} chips wired all-to-all through "
+                       "NeuronSwitch-v1")
+        elif instance.torus is None:
             out.append(f"{instance.name} has one {instance.chip.name} chip: no chip-to-chip connections.")
         else:
             r, c = instance.torus

@@ -60,7 +60,9 @@ class Topology:
         return core_id // self.logical_cores_per_chip
 
     def connected_chips(self, chip: int) -> list[int]:
-        """The chips wired to ``chip`` (a 2D torus on multi-chip instances)."""
+        """The chips wired to ``chip``: a 2D torus, or all of them behind a switch (Trn3)."""
+        if self.instance.switched:
+            return [other for other in range(self.instance.chips) if other != chip]
         if self.instance.torus is None:
             return []
         rows, cols = self.instance.torus

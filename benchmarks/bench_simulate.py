@@ -1,0 +1,101 @@
+"""The simulator at full size: `python -m torch_neuronx.simulate` on a Llama-style 8B model with
+TP=8 x FSDP=8 over the 64 ranks of a trn2.48xlarge (structure mode), and the Flux2 transformer at
+its 4B (FLUX.2-klein-4B) configuration, tensor parallel over the 4 cores of a trn2.3xlarge.
+
+Measures the wall time and the peak memory of the whole simulation (the resident memory of the
+parent and its rank's child summed, sampled every 0.2 s: an upper bound, as the child shares the
+parent's pages), and reads the plan: per-rank peak bytes against HBM and the collectives.
+Targets (issue 27): the 8B check under 10 minutes and under 8 GiB on a 2-core machine."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import common  # noqa: F401  (beside this file; no torch)
+import targets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = os.path.join(ROOT, "tests", "programs", "simulate")
+GiB = 1 << 30
+
+
+def _rss(pid):
+    """Resident bytes of pid and its descendants."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def simulate(args, out):
+    cmd = [sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", out, *args]
+    start, peak = time.perf_counter(), 0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None:
+        peak = max(peak, _rss(proc.pid))
+        time.sleep(0.2)
+    stdout, stderr = proc.communicate()
+    elapsed = time.perf_counter() - start
+    with open(os.path.join(out, "plan.json")) as f:
+        plan = json.load(f)
+    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": elapsed, "peak_rss_bytes": peak,
+            "stdout": stdout[-2000:], "stderr": stderr[-2000:], "plan": summary(plan)}
+
+
+def summary(plan):
+    ranks = plan["ranks"]
+    peaks = [r["peak_bytes"] for r in ranks]
+    ops = {}
+    for c in ranks[0]["collectives"] if ranks else []:
+        ops[c["op"]] = ops.get(c["op"], 0) + 1
+    return {"world_size": plan["world_size"], "capacity_bytes": plan["capacity_bytes"],
+            "peak_bytes_min": min(peaks, default=0), "peak_bytes_max": max(peaks, default=0),
+            "per_rank_peak_bytes": peaks, "over_capacity": len(plan["over_capacity"]),
+            "rank0_collectives": len(ranks[0]["collectives"]) if ranks else 0, "rank0_collectives_by_op": ops,
+            "communication_seconds": plan["communication"]["seconds"], "divergence": plan["divergence"],
+            "errors": [r["error"] for r in ranks if "error" in r]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--only", choices=("llama", "flux"), default=None)
+    opts = parser.parse_args()
+    results, entries = {}, []
+    work = tempfile.mkdtemp(prefix="bench_simulate_")
+    if opts.only in (None, "llama"):
+        r = simulate(["--nproc-per-node", "64", "--instance", "trn2.48xlarge",
+                      os.path.join(PROGRAMS, "llama_tp_fsdp.py"), "--tp", "8"], os.path.join(work, "llama"))
+        results["llama8b_tp8_fsdp8_64_ranks"] = r
+        ok = r["returncode"] in (0, 1) and not r["plan"]["errors"]
+        entries.append(targets.target("simulate 8B TP8xFSDP8, 64 ranks: wall time", [r["seconds"]] if ok else [],
+                                      600, unit="s"))
+        entries.append(targets.target("simulate 8B TP8xFSDP8, 64 ranks: peak RSS", [r["peak_rss_bytes"] / GiB]
+                                      if ok else [], 8, unit="GiB"))
+    if opts.only in (None, "flux"):
+        r = simulate(["--nproc-per-node", "4", "--instance", "trn2.3xlarge",
+                      os.path.join(PROGRAMS, "flux2_tensor_parallel.py")], os.path.join(work, "flux"))
+        results["flux2_4b_tp4_trn2_3xlarge"] = r
+    for name, r in results.items():
+        p = r["plan"]
+        print(f"{name}: {r['seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / GiB:.2f} GiB, per-rank peak "
+              f"{p['peak_bytes_min'] / GiB:.2f}-{p['peak_bytes_max'] / GiB:.2f} GiB of {p['capacity_bytes'] / GiB:.2f}, "
+              f"rank 0: {p['rank0_collectives']} collectives {p['rank0_collectives_by_op']}, errors {p['errors'][:1]}")
+    print(targets.table(entries))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"results": results, "targets": entries}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

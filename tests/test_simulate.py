@@ -1,0 +1,123 @@
+"""python -m torch_neuronx.simulate: a torchrun program as N ranks in one process, its plan checked
+against values computed here from the programs' own sizes and the hardware table, the numerics
+against one device (the simulator's own reference run), and bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torch_neuronx.runtime import hardware
+
+PROGRAMS = os.path.join(os.path.dirname(__file__), "programs", "simulate")
+GiB = 1 << 30
+
+
+def simulate(tmp_path, *args, env=None):
+    out = tmp_path / "plan"
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", str(out), *args],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
+    return r, plan
+
+
+def line_of(program, marker):
+    with open(os.path.join(PROGRAMS, program)) as f:
+        return next(i for i, text in enumerate(f, 1) if marker in text)
+
+
+def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path):
+    hidden = 256
+    r, plan = simulate(tmp_path, "--nproc-per-node", "64", "--instance", "trn2.48xlarge",
+                       os.path.join(PROGRAMS, "tp_mlp.py"), env={"MLP_HIDDEN": str(hidden)})
+    assert r.returncode == 0, r.stderr
+    capacity = hardware.CHIPS["Trainium2"].core_memory(2)
+    assert abs(capacity - 24 * GiB) < 0.01 * 24 * GiB  # 24 GiB less the runtime's 192 MiB
+    assert [x["rank"] for x in plan["ranks"]] == list(range(64))
+    # Each rank's parameter shards: Colwise (4h/64 rows of h, bias 4h/64), Rowwise (h cols of 4h/64, bias h).
+    shard = 4 * (4 * hidden // 64 * hidden + 4 * hidden // 64 + hidden * 4 * hidden // 64 + hidden)
+    for rank in plan["ranks"]:
+        assert rank["capacity_bytes"] == capacity and rank["fits"]
+        assert shard < rank["peak_bytes"] < capacity
+        reduces = [c for c in rank["collectives"] if c["op"] == "all_reduce"]
+        assert len(reduces) == 1 and reduces[0]["bytes"] == 8 * hidden * 4  # RowwiseParallel's output, float32
+        assert reduces[0]["line"] == f"tp_mlp.py:{line_of('tp_mlp.py', 'out = model(x)')}"
+    groups = {g["name"]: g for g in plan["groups"]}
+    assert groups[plan["ranks"][5]["collectives"][-1]["group"]]["ranks"] == "0-63"
+    assert plan["divergence"] is None and plan["communication"]["seconds"] > 0
+    assert (tmp_path / "plan" / "plan.txt").exists() and (tmp_path / "plan" / "plan.html").exists()
+
+
+def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path):
+    r, plan = simulate(tmp_path, "--nproc-per-node", "8", os.path.join(PROGRAMS, "extra_all_reduce.py"))
+    assert r.returncode == 1
+    line = line_of("extra_all_reduce.py", "only rank 3 gets here")
+    assert "rank 3 calls all_reduce(float32[4])" in r.stderr and f"extra_all_reduce.py:{line}" in r.stderr
+    assert plan["divergence"]["rank"] == 3 and plan["divergence"]["index_in_group"] == 1
+    assert plan["divergence"]["line"] == f"extra_all_reduce.py:{line}"
+
+
+SMALL_LLAMA = ["--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--kv-heads", "4", "--vocab",
+               "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
+
+
+def test_numerics_of_a_tensor_parallel_llama_equal_one_device(tmp_path):
+    r, plan = simulate(tmp_path, "--numerics", "--nproc-per-node", "4", "--instance", "trn2.3xlarge",
+                       os.path.join(PROGRAMS, "llama_tp_fsdp.py"), *SMALL_LLAMA, "--tp", "4")
+    assert r.returncode == 0, r.stderr
+    outputs = plan["numerics"]["outputs"]
+    assert {"loss", "loss_after"} <= set(outputs) and all(o["ok"] for o in outputs.values())
+    assert outputs["loss_after"]["max_abs_difference"] < 1e-5
+
+
+def test_numerics_fail_when_the_values_differ(tmp_path):
+    r, plan = simulate(tmp_path, "--numerics", "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
+                       os.path.join(PROGRAMS, "world_scaled.py"))
+    assert r.returncode == 1 and not plan["numerics"]["ok"]
+    assert plan["numerics"]["outputs"]["scaled"]["max_abs_difference"] == 1.0  # 2 ranks' value vs one's
+
+
+def test_tp_x_fsdp_structure_on_8_ranks(tmp_path):
+    r, plan = simulate(tmp_path, "--nproc-per-node", "8", os.path.join(PROGRAMS, "llama_tp_fsdp.py"),
+                       *SMALL_LLAMA, "--tp", "2")
+    assert r.returncode == 0, r.stderr
+    ops = {c["op"] for c in plan["ranks"][0]["collectives"]}
+    assert {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"} <= ops  # FSDP2 and TP
+
+
+def test_an_allocation_over_hbm_is_named(tmp_path):
+    r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
+                       os.path.join(PROGRAMS, "over_hbm.py"))
+    assert r.returncode == 1
+    line = f"over_hbm.py:{line_of('over_hbm.py', 'the allocation that does not fit')}"
+    assert [o["rank"] for o in plan["over_capacity"]] == [1] and plan["over_capacity"][0]["line"] == line
+    assert plan["ranks"][1]["peak_bytes"] >= 30 * GiB and plan["ranks"][0]["fits"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--instance", "p4d.24xlarge"], "unknown instance 'p4d.24xlarge'"),
+    (["--nproc-per-node", "5", "--instance", "trn2.3xlarge"], "--nproc-per-node 5 is more than the 4 logical"),
+    (["--lnc", "3"], "--lnc 3 is not valid on trn2.48xlarge"),
+])
+def test_bad_input_names_problem_and_fix(tmp_path, args, says):
+    r, _ = simulate(tmp_path, *args, os.path.join(PROGRAMS, "tp_mlp.py"))
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_missing_script_is_named(tmp_path):
+    r, _ = simulate(tmp_path, str(tmp_path / "nope.py"))
+    assert r.returncode == 2 and "nope.py" in r.stderr and "does not exist" in r.stderr
+
+
+def test_instances_and_their_ranks_match_the_hardware_table():
+    from torch_neuronx.simulate import resolve
+    inst, nodes, lnc = resolve("trn2.48xlarge", None, 64, None)
+    assert (inst.logical_cores(lnc), nodes, lnc) == (64, 1, 2)
+    inst, nodes, lnc = resolve("trn2.48xlarge", None, 128, 1)
+    assert inst.logical_cores(lnc) == 128
+    assert resolve("2xtrn2.48xlarge", None, 64, None)[1] == 2 == resolve("trn2.48xlarge", 2, 64, None)[1]
+    inst, nodes, _ = resolve("trn3-gen1-ultraserver", None, 64, None)
+    assert (inst.name, nodes, inst.chips * nodes) == ("trn3-gen1", 4, 64)  # AWS: 64 Trainium3 per Gen1 UltraServer
+    inst, nodes, _ = resolve("trn3-gen2-ultraserver", None, 16, None)
+    assert (inst.chips * nodes) == 144

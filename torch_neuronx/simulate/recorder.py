@@ -1,0 +1,256 @@
+"""What one simulated rank does, seen from the dispatcher: the bytes of neuron storages it keeps
+alive (current and peak), the allocation that first went over its core's HBM, and its collectives
+in order. One :class:`RankRecorder` per rank, pushed as a TorchDispatchMode inside FakeTensorMode.
+
+Storage lifetimes are followed as torch's own ``MemTracker`` does (torch.distributed._tools): a
+weak reference to each new ``UntypedStorage``, whose callback subtracts its bytes when the last
+tensor viewing it dies; ``UntypedStorage.resize_`` (which FSDP2 uses to free and re-allocate the
+unsharded parameters) does not pass the dispatcher, so it is wrapped while a recorder is active.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from torch_neuronx.runtime import BACKEND_NAME
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+# c10d ops (dist.* calls) and functional collectives (DTensor, FSDP2's reduce-scatter, compiled
+# graphs), by the name the plan gives them. The first tensor argument is the one that travels.
+COLLECTIVES = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced", "allgather_coalesced_": "all_gather",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced", "broadcast_": "broadcast",
+    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all_single", "barrier": "barrier", "monitored_barrier_": "barrier",
+    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    # _c10d_functional
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce_coalesced",
+    "all_gather_into_tensor": "all_gather_into_tensor", "all_gather_into_tensor_out": "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single", "broadcast": "broadcast",
+}
+
+
+def user_frames(script: str, limit: int = 0):
+    """(innermost line of the user's script, innermost line outside torch, torch_neuronx and the
+    standard library), each 'file:line' or None. Frame walking, not traceback: it is called on
+    every collective."""
+    frame = sys._getframe(1)
+    in_script = outside = None
+    while frame is not None and in_script is None:
+        name = frame.f_code.co_filename
+        if name == script:
+            in_script = f"{os.path.basename(name)}:{frame.f_lineno}"
+        elif outside is None and not name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<")):
+            outside = f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return in_script, outside
+
+
+def _is_boxed_group(value) -> bool:
+    return isinstance(value, torch.ScriptObject) and "ProcessGroup" in value._type().qualified_name()
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def group_ranks(group) -> tuple[int, ...]:
+    """The global ranks of a process group given as a ProcessGroup or by its name."""
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    try:
+        return tuple(dist.get_process_group_ranks(group))
+    except (ValueError, RuntimeError):
+        pass
+    # The C++ object of a group the Python side knows under its name (DeviceMesh's scatter).
+    try:
+        named = dist.distributed_c10d._resolve_process_group(group.group_name)
+        return tuple(dist.get_process_group_ranks(named))
+    except (ValueError, RuntimeError, AttributeError):
+        return ()
+
+
+@dataclass
+class Collective:
+    op: str
+    ranks: tuple[int, ...]  # the group's global ranks
+    bytes: int  # the largest buffer of the call (all_gather: its output; reduce_scatter: its input)
+    shapes: str  # e.g. "float32[1024]"
+    line: str | None  # the user's script line that led to it
+
+    def signature(self) -> tuple:
+        """What every member of the group must agree on."""
+        return (self.op, self.bytes, self.shapes)
+
+
+@dataclass
+class OverCapacity:
+    bytes_live: int  # bytes live once the allocation was made
+    allocation: int  # bytes of the allocation that crossed
+    op: str
+    line: str | None
+    site: str | None  # innermost frame outside torch, when it is not the script's
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    peak_bytes: int = 0
+    current_bytes: int = 0
+    allocations: int = 0
+    collectives: list[Collective] = field(default_factory=list)
+    over: OverCapacity | None = None
+    error: str | None = None
+    error_line: str | None = None
+    rank_uses: list[str] = field(default_factory=list)  # the program's uses of its rank (symmetry.py)
+    rank_use_count: int = 0
+    relabelled_from: int | None = None  # not run: rank 0's record relabelled (symmetry.py)
+
+
+class RankRecorder(TorchDispatchMode):
+    """Counts neuron storages and records collectives for one rank."""
+
+    def __init__(self, rank: int, capacity: int, script: str):
+        super().__init__()
+        self.record = RankRecord(rank)
+        self.capacity = capacity
+        self.script = script
+        self._last: dict[int, int] = {}  # id(UntypedStorage) -> its bytes, while it lives
+        self._refs: dict[int, weakref.ref] = {}
+        self._resize = None
+        self._paused = 0
+        self._meta = None
+
+    # ------------------------------------------------------------ memory
+
+    def _add(self, nbytes: int, op: str) -> None:
+        rec = self.record
+        rec.current_bytes += nbytes
+        if rec.current_bytes > rec.peak_bytes:
+            rec.peak_bytes = rec.current_bytes
+            if rec.over is None and rec.current_bytes > self.capacity:
+                line, site = user_frames(self.script)
+                rec.over = OverCapacity(rec.current_bytes, nbytes, op, line, site)
+
+    def _track(self, tensor: torch.Tensor, op: str) -> None:
+        if tensor.device.type != BACKEND_NAME or self._paused:
+            return
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._last:
+            return
+        nbytes = storage.nbytes()
+        record, last, refs = self.record, self._last, self._refs
+
+        def freed(_ref, key=key):
+            # The storage's bytes (as last resized) leave the rank's live total.
+            record.current_bytes -= last.pop(key, 0)
+            refs.pop(key, None)
+
+        last[key] = nbytes
+        refs[key] = weakref.ref(storage, freed)
+        record.allocations += 1
+        self._add(nbytes, op)
+
+    def _resized(self, storage, new_bytes: int) -> None:
+        key = id(storage)
+        if key in self._last:
+            old = self._last[key]
+            self._last[key] = new_bytes
+            if new_bytes > old:
+                self._add(new_bytes - old, "UntypedStorage.resize_")
+            else:
+                self.record.current_bytes -= old - new_bytes
+
+    def __enter__(self):
+        original = torch.UntypedStorage.resize_
+        recorder = self
+
+        def resize_(storage, size):
+            result = original(storage, size)
+            recorder._resized(storage, storage.nbytes())
+            return result
+
+        self._resize = original
+        torch.UntypedStorage.resize_ = resize_
+        # DTensor derives an op's global output shape by running it on global-shape fake tensors
+        # under the current fake mode (ours): shape propagation, not the rank's memory.
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        meta = self._meta = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def propagate(*args, **kwargs):
+            recorder._paused += 1
+            try:
+                return meta(*args, **kwargs)
+            finally:
+                recorder._paused -= 1
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        torch.UntypedStorage.resize_ = self._resize
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._meta
+        return super().__exit__(*exc)
+
+    # ------------------------------------------------------------ collectives
+
+    def _collective(self, func, args, kwargs) -> None:
+        name = func._schema.name.split("::", 1)[1]
+        op = COLLECTIVES.get(name)
+        if op is None:
+            return
+        flat, _ = tree_flatten((args, kwargs))
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        # c10d ops get the group as a ScriptObject; unbox it to the ProcessGroup the Python side knows.
+        groups = [dist.ProcessGroup.unbox(a) if isinstance(a, torch.ScriptObject) else a for a in flat
+                  if isinstance(a, dist.ProcessGroup) or _is_boxed_group(a)]
+        if not groups and func.namespace == "_c10d_functional":
+            groups = [a for a in flat if isinstance(a, str)][-1:]
+        ranks = group_ranks(groups[0]) if groups else ()
+        # all_gather's payload is its output; the functional form has none, so scale its input.
+        size = _nbytes(tensors[:1]) if op not in ("all_gather", "all_gather_into_tensor") else _nbytes(tensors)
+        if func.namespace == "_c10d_functional" and op.startswith("all_gather"):
+            size = _nbytes(tensors) * max(1, len(ranks))
+        elif op.startswith("reduce_scatter") or op.startswith("all_to_all"):
+            size = max(_nbytes(tensors[:1]), _nbytes(tensors[1:2]))
+        # What this rank contributes, which every member must agree on: for a gather its input (only
+        # the root has outputs), for a scatter its output (only the root has inputs), else the first.
+        own = tensors[-1:] if op == "gather" else tensors[:1]
+        shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}[{', '.join(map(str, t.shape))}]" for t in own)
+        if op in ("gather", "scatter"):
+            size = _nbytes(own) * max(1, len(ranks))
+        line, site = user_frames(self.script)
+        self.record.collectives.append(Collective(op, ranks, size, shapes, line or site))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # Let DTensor turn itself into local ops first: those are what occupy memory.
+        if any(issubclass(t, torch.distributed.tensor.DTensor) for t in types):
+            return NotImplemented
+        if func.namespace in ("c10d", "_c10d_functional"):
+            self._collective(func, args, kwargs)
+        out = func(*args, **kwargs)
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                self._track(t, func.__name__)
+        return out

@@ -1,0 +1,201 @@
+"""One process standing in for a torchrun job: what a rank's program sees while it runs here.
+
+Every rank's run sees what torchrun and the neuron backend would give it: RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, ``init_process_group("neuron")`` succeeding (on torch's ``fake``
+process group, which does no communication, with this rank's number), ``dist.get_rank()``, and
+``torch.neuron.current_device()`` being its local rank. Unlike a torchrun run of this project (one
+core per process, as ``neuron:0``), a simulated rank sees its node's cores, so both
+``torch.device("neuron", local_rank)`` and the current device work.
+
+In structure mode the program runs under FakeTensorMode, which needs three adjustments:
+DeviceMesh keeps its rank map as a real CPU tensor (its code reads it with ``tolist()``), so the
+mesh's methods run with fake mode paused; ``nn.Module.to()`` swaps fake parameters, which torch
+refuses while FakeTensorMode's memo holds a weak reference to them, so the swap drops those memo
+entries first (the memo maps real tensors to fakes; none of ours are real); and fake tensors take
+the index of ``current_device()`` for a bare "neuron".
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import runpy
+import sys
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from torch_neuronx.runtime import BACKEND_NAME, apply_topology, topology
+
+FAKE_BACKEND = f"cpu:fake,{BACKEND_NAME}:fake"
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                      "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+class ScriptFailed(Exception):
+    """The user's program raised on one rank."""
+
+    def __init__(self, rank: int, error: BaseException, line: str | None):
+        super().__init__(f"rank {rank}: {type(error).__name__}: {error}")
+        self.rank, self.error, self.line = rank, error, line
+
+
+def prepare_process(instance: str, lnc: int) -> None:
+    """Make this process's neuron device the chosen instance's node (before any neuron tensor)."""
+    os.environ[topology.INSTANCE_TYPE_ENV] = instance
+    os.environ[topology.LNC_ENV] = str(lnc)
+    cores = topology.INSTANCES[instance].logical_cores(lnc)
+    os.environ.pop(topology.VISIBLE_CORES_ENV, None)
+    os.environ[topology.NUM_CORES_ENV] = str(min(cores, topology.MAX_TORCH_DEVICES))
+    apply_topology()
+    # Not initialized here: a child forked from an initialized runtime may not allocate (as with
+    # CUDA), and the structure mode forks one child per rank. See simulated_rank's is_initialized.
+
+
+@contextlib.contextmanager
+def _patched(target, name, value):
+    old = getattr(target, name)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        setattr(target, name, old)
+
+
+def _real_mesh_patches(stack: contextlib.ExitStack) -> None:
+    """DeviceMesh and init_device_mesh run with fake mode paused (their rank map stays real)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed import device_mesh
+
+    def real(f):
+        @functools.wraps(f)
+        def call(*args, **kwargs):
+            with unset_fake_temporarily():
+                return f(*args, **kwargs)
+        return call
+
+    for name, f in list(vars(device_mesh.DeviceMesh).items()):
+        if inspect.isfunction(f) and (not name.startswith("__") or name in ("__init__", "__getitem__")):
+            stack.enter_context(_patched(device_mesh.DeviceMesh, name, real(f)))
+    stack.enter_context(_patched(device_mesh, "init_device_mesh", real(device_mesh.init_device_mesh)))
+    stack.enter_context(_patched(dist, "init_device_mesh", device_mesh.init_device_mesh))
+
+
+def _swap_patch(stack: contextlib.ExitStack, fake_mode) -> None:
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        memo = fake_mode.fake_tensor_converter.tensor_memo
+        keys = [r.key for t in (t1, t2) for r in weakref.getweakrefs(t) if isinstance(r, weakref.KeyedRef)]
+        for key in keys:
+            memo.pop(key, None)
+        return original(t1, t2)
+
+    stack.enter_context(_patched(torch.utils, "swap_tensors", swap_tensors))
+
+
+@contextlib.contextmanager
+def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv: list[str], fake_mode=None,
+                   audit=None):
+    """The process as rank ``rank`` of ``world`` sees it, for the duration of one run; with
+    ``audit`` (a symmetry.Audit) every rank value it hands out notes the program's uses of it."""
+    local_rank = rank % nproc_per_node
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+           "LOCAL_WORLD_SIZE": str(nproc_per_node), "GROUP_RANK": str(rank // nproc_per_node),
+           "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simulate"}
+    saved_env = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
+    saved_argv, saved_path0 = sys.argv, sys.path[0]
+    current = [local_rank]
+    init_original = dist.init_process_group
+
+    def init_process_group(*args, timeout=None, **kwargs):
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        # Whatever the program asked for (neuron, gloo, env://, a TCPStore), the fake group stands in.
+        extra = {"timeout": timeout} if timeout is not None else {}
+        return init_original(FAKE_BACKEND, world_size=world, rank=rank, store=FakeStore(), **extra)
+
+    def set_device(device):
+        current[0] = torch.device(device).index if not isinstance(device, int) else device
+
+    with contextlib.ExitStack() as stack:
+        os.environ.update(env)
+        sys.argv = [script, *argv]
+        sys.path[0] = os.path.dirname(script)
+        stack.enter_context(_patched(dist, "init_process_group", init_process_group))
+        stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
+        stack.enter_context(_patched(torch.neuron, "current_device", lambda: current[0]))
+        stack.enter_context(_patched(torch.neuron, "set_device", set_device))
+        # Fake tensors take current_device() for a bare "neuron" only from an initialized device.
+        stack.enter_context(_patched(torch.neuron, "is_initialized", lambda: True))
+        if fake_mode is not None:
+            _real_mesh_patches(stack)
+            _swap_patch(stack, fake_mode)
+        if audit is not None:
+            from torch_neuronx.simulate import symmetry
+            stack.enter_context(symmetry.audited_sources(audit))
+        try:
+            yield
+        finally:
+            _reset_distributed()
+            sys.argv = saved_argv
+            sys.path[0] = saved_path0
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _reset_distributed() -> None:
+    """What one rank's run leaves behind must not leak into the next."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    from torch.distributed.tensor import _random
+
+    _random._rng_tracker = None
+    _clear_dtensor_caches()
+    try:
+        from torch.distributed.device_mesh import _mesh_resources
+        _mesh_resources.mesh_stack.clear()
+    except (ImportError, AttributeError):
+        pass
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding decisions and redistribution plans by DTensorSpec, whose mesh compares
+    equal across runs (layout and names, not process groups): a cached result would hand the next
+    rank the previous rank's mesh, whose groups no longer exist."""
+    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (getattr(propagator.propagate_op_sharding, "cache", None),
+                   getattr(propagator, "_propagate_tensor_meta_cached", None),
+                   getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)):
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    clear_native = getattr(torch._C, "_clear_dtensor_cache", None)  # a C++ dispatch cache, where there is one
+    if clear_native is not None:
+        clear_native()
+
+
+def run_script(script: str, rank: int) -> None:
+    """Run the program as ``__main__``; a SystemExit(0) or None is a normal end."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0):
+            raise ScriptFailed(rank, exit_, None) from None
+
+
+def run_script_keeping_globals(script: str) -> dict:
+    """Run the program as ``__main__`` and hand back its globals (the numerics mode reads them)."""
+    try:
+        return runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0):
+            raise
+        return {}
