@@ -78,7 +78,8 @@ PRIVATE_PIPELINE_STAND_INS = (
     "_prelu_kernel", "_prelu_kernel_backward", "unsafe_split.Tensor", "reflection_pad1d_backward",
     "reflection_pad2d_backward", "reflection_pad3d_backward", "addmv", "vdot", "block_diag", "cumprod",
     "diag_embed", "diagonal", "diagonal_copy", "diagonal_scatter", "alias_copy", "expand_copy", "i0",
-    "frexp.Tensor", "complex", "index_fill",
+    "frexp.Tensor", "complex", "index_fill", "std_mean.correction", "linspace.Tensor_Tensor", "logspace",
+    "diagonal_backward", "isin", "slice_scatter",
 )
 PRIVATE_PIPELINE_OWN = {
     **{getattr(aten, f"avg_pool{n}d").default: functools.partial(own.avg_pool, spatial=n) for n in (2, 3)},

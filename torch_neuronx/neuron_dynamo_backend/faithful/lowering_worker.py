@@ -102,7 +102,10 @@ def describe(gm: torch.fx.GraphModule) -> dict:
             constant = getattr(gm, node.target)
             if not isinstance(constant, torch.Tensor) or isinstance(constant, torch._subclasses.FakeTensor):
                 raise _Unportable(f"constant {node.target}")
-            constants[node.target] = constant.detach().cpu().clone()
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():  # a real constant, copied while AOTAutograd's fake mode is on
+                constants[node.target] = constant.detach().cpu().clone()
         nodes.append((node.op, node.name, _target(node), _argument(node.args), _argument(node.kwargs), _meta(node)))
     return {"nodes": nodes, "constants": constants}
 
