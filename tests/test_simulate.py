@@ -18,12 +18,32 @@ SMALL_LLAMA = ["--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4"
                "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
 
 
-def simulate(tmp_path, *args, env=None):
-    out = tmp_path / "plan"
-    r = subprocess.run([sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", str(out), *args],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
-    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
-    return r, plan
+@pytest.fixture(scope="module")
+def server():
+    """One warm process (tests/helpers/simulate_server.py) forks each run: the imports are paid once."""
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "simulate_server.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+@pytest.fixture
+def simulate(server):
+    """simulate(dir, *args, env=None) -> (CompletedProcess-like, plan or None): the CLI with --quiet."""
+    def run(tmp_path, *args, env=None):
+        out = tmp_path / "plan"
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        request = {"argv": ["--quiet", "--out", str(out), *args], "env": env or {},
+                   "stdout": str(tmp_path / "stdout"), "stderr": str(tmp_path / "stderr")}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        code = json.loads(server.stdout.readline())["returncode"]
+        r = subprocess.CompletedProcess(request["argv"], code, (tmp_path / "stdout").read_text(),
+                                        (tmp_path / "stderr").read_text())
+        plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
+        return r, plan
+    return run
 
 
 def line_of(program, marker):
@@ -31,7 +51,7 @@ def line_of(program, marker):
         return next(i for i, text in enumerate(f, 1) if marker in text)
 
 
-def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path):
+def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path, simulate):
     hidden = 256
     r, plan = simulate(tmp_path, "--nproc-per-node", "64", "--instance", "trn2.48xlarge",
                        os.path.join(PROGRAMS, "tp_mlp.py"), env={"MLP_HIDDEN": str(hidden)})
@@ -55,7 +75,7 @@ def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path):
     assert plan["simulation"]["script_runs"] == 2 and plan["simulation"]["symmetry"]["used"]
 
 
-def test_relabelled_ranks_equal_every_rank_run(tmp_path):
+def test_relabelled_ranks_equal_every_rank_run(tmp_path, simulate):
     """The shortcut's plan is the plan of running every rank (TP groups {0,1}, {2,3}; FSDP {0,2}, {1,3})."""
     args = ["--nproc-per-node", "4", "--instance", "trn2.3xlarge", os.path.join(PROGRAMS, "llama_tp_fsdp.py"),
             *SMALL_LLAMA, "--layers", "1", "--tp", "2"]
@@ -70,7 +90,7 @@ def test_relabelled_ranks_equal_every_rank_run(tmp_path):
     assert {tp_group[c["group"]] for c in every["ranks"][2]["collectives"]} == {"2-3", "0,2"}
 
 
-def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path):
+def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--nproc-per-node", "8", os.path.join(PROGRAMS, "extra_all_reduce.py"))
     assert r.returncode == 1
     line = line_of("extra_all_reduce.py", "only rank 3 gets here")
@@ -83,7 +103,7 @@ def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path):
         "why_every_rank_ran"]
 
 
-def test_a_rank_used_only_inside_torch_is_caught_by_the_last_rank(tmp_path):
+def test_a_rank_used_only_inside_torch_is_caught_by_the_last_rank(tmp_path, simulate):
     """torch.ones(rank) reads the rank in C, unseen; the last rank's run differs from rank 0's, so all run."""
     r, plan = simulate(tmp_path, "--nproc-per-node", "4", "--instance", "trn2.3xlarge",
                        os.path.join(PROGRAMS, "rank_sized.py"))
@@ -93,7 +113,7 @@ def test_a_rank_used_only_inside_torch_is_caught_by_the_last_rank(tmp_path):
     assert plan["divergence"]["call"] == f"all_reduce(float32[1]) at rank_sized.py:{line_of('rank_sized.py', 'sizes')}"
 
 
-def test_numerics_of_a_tp_x_fsdp_llama_equal_one_device(tmp_path):
+def test_numerics_of_a_tp_x_fsdp_llama_equal_one_device(tmp_path, simulate):
     """TP=2 x FSDP2=2 on a 2-D mesh: the loss, the loss after one SGD step (gradients reduce-scattered)
     and the FSDP-sharded output weight after the step (`p`, the program's last parameter)."""
     r, plan = simulate(tmp_path, "--numerics", "--nproc-per-node", "4", "--instance", "trn2.3xlarge",
@@ -105,14 +125,14 @@ def test_numerics_of_a_tp_x_fsdp_llama_equal_one_device(tmp_path):
     assert outputs["loss_after"]["max_abs_difference"] < 1e-5
 
 
-def test_numerics_fail_when_the_values_differ(tmp_path):
+def test_numerics_fail_when_the_values_differ(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--numerics", "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
                        os.path.join(PROGRAMS, "world_scaled.py"))
     assert r.returncode == 1 and not plan["numerics"]["ok"]
     assert plan["numerics"]["outputs"]["scaled"]["max_abs_difference"] == 1.0  # 2 ranks' value vs one's
 
 
-def test_flux2_tensor_parallel_on_a_trn2_3xlarge(tmp_path):
+def test_flux2_tensor_parallel_on_a_trn2_3xlarge(tmp_path, simulate):
     """diffusers' Flux2 transformer (1 double and 1 single block, hidden 4 x 16) TP over 2 of the 4 cores
     (the benchmark runs 4B on 4): each block's row-parallel outputs are all_reduced (double block: image
     and text attention and MLP; single block: one)."""
@@ -133,7 +153,7 @@ def test_flux2_tensor_parallel_on_a_trn2_3xlarge(tmp_path):
     assert [g["ranks"] for g in plan["groups"]] == ["0-1"]
 
 
-def test_an_allocation_over_hbm_is_named(tmp_path):
+def test_an_allocation_over_hbm_is_named(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
                        os.path.join(PROGRAMS, "over_hbm.py"))
     assert r.returncode == 1
