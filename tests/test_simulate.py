@@ -83,6 +83,7 @@ def test_relabelled_ranks_equal_every_rank_run(tmp_path, simulate):
     r, every = simulate(tmp_path / "every", "--all-ranks", *args)
     assert r.returncode == 0, r.stderr
     assert fast["simulation"]["script_runs"] == 2 and every["simulation"]["script_runs"] == 4
+    assert [r.pop("relabelled_from", None) for r in fast["ranks"]] == [None, 0, 0, None]  # ranks 0 and 3 ran
     assert fast["ranks"] == every["ranks"] and fast["groups"] == every["groups"]
     ops = {c["op"] for c in every["ranks"][0]["collectives"]}
     assert {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"} <= ops  # FSDP2 and TP
