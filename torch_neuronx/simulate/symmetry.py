@@ -63,7 +63,7 @@ class Audit:
         if frame is None:
             return
         name = frame.f_code.co_filename
-        if name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<")):
+        if name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<frozen")):
             return  # torch's own SPMD code, or printing/logging
         self.count += 1
         if len(self.notes) < MAX_NOTES:
