@@ -84,7 +84,9 @@ def summary(plan):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
-    parser.add_argument("--only", choices=("llama", "numerics", "flux"), default=None)
+    parser.add_argument("--only", choices=("llama", "numerics", "flux", "verify"), default=None,
+                        help="one part; 'verify' (not in the default run: ~3 minutes more) compares the relabelled "
+                             "plan of a 4-layer 8B-wide model on 64 ranks with running every rank")
     opts = parser.parse_args()
     results, entries = {}, []
     work = tempfile.mkdtemp(prefix="bench_simulate_")
@@ -111,6 +113,20 @@ def main():
         ok = r["returncode"] in (0, 1) and not r["plan"]["errors"]
         entries.append(targets.target("simulate Flux2 4B TP4 (trn2.3xlarge): per-rank peak", [r["plan"]["peak_bytes_max"]
                                       / GiB] if ok else [], r["plan"]["capacity_bytes"] / GiB, unit="GiB"))
+    if opts.only == "verify":
+        args = ["--nproc-per-node", "64", "--instance", "trn2.48xlarge", os.path.join(PROGRAMS, "llama_tp_fsdp.py"),
+                "--tp", "8", "--layers", "4"]
+        fast = simulate(args, os.path.join(work, "fast"))
+        every = simulate(["--all-ranks", *args], os.path.join(work, "every"))
+        with open(os.path.join(work, "fast", "plan.json")) as f, open(os.path.join(work, "every", "plan.json")) as g:
+            a, b = json.load(f), json.load(g)
+        for rank in a["ranks"]:
+            rank.pop("relabelled_from", None)
+        same = a["ranks"] == b["ranks"] and a["groups"] == b["groups"]
+        results["verify_4_layers_relabelled"], results["verify_4_layers_every_rank"] = fast, every
+        print(f"4-layer 8B-wide TP8xFSDP8 on 64 ranks: relabelled {fast['seconds']:.1f} s "
+              f"({fast['plan']['script_runs']} runs), every rank {every['seconds']:.1f} s "
+              f"({every['plan']['script_runs']} runs); plans {'EQUAL' if same else 'DIFFER'}")
     for name, r in results.items():
         p = r["plan"]
         load = "load average {:.1f} -> {:.1f}".format(*r["load_average_1min"])
