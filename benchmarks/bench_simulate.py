@@ -5,8 +5,9 @@ the Flux2 transformer at its 4B (FLUX.2-klein-4B) configuration, tensor parallel
 of a trn2.3xlarge.
 
 Measures the wall time and the peak memory of the whole simulation (the resident memory of the
-parent and its rank's child summed, sampled every 0.2 s: an upper bound, as the child shares the
-parent's pages), and reads the plan: per-rank peak bytes against HBM and the collectives.
+parent and its ranks' children, two at a time, summed, sampled every 0.2 s: an upper bound, as the
+children share the parent's pages), and reads the plan: per-rank peak bytes against HBM and the
+collectives.
 Targets (issue 27): the 8B check under 10 minutes and under 8 GiB on a 2-core machine; the
 numerics equal to one device. The machine's load average is recorded with each run: on a shared
 machine the wall times are noisy."""
