@@ -14,12 +14,36 @@ PROGRAMS = os.path.join(os.path.dirname(__file__), "programs", "simulate")
 GiB = 1 << 30
 
 
-def simulate(tmp_path, *args, env=None):
-    out = tmp_path / "plan"
-    r = subprocess.run([sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", str(out), *args],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
-    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
-    return r, plan
+SMALL_LLAMA = ["--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--kv-heads", "4", "--vocab",
+               "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One warm process (tests/helpers/simulate_server.py) forks each run: the imports are paid once."""
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "simulate_server.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+@pytest.fixture
+def simulate(server):
+    """simulate(dir, *args, env=None) -> (CompletedProcess-like, plan or None): the CLI with --quiet."""
+    def run(tmp_path, *args, env=None):
+        out = tmp_path / "plan"
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        request = {"argv": ["--quiet", "--out", str(out), *args], "env": env or {},
+                   "stdout": str(tmp_path / "stdout"), "stderr": str(tmp_path / "stderr")}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        code = json.loads(server.stdout.readline())["returncode"]
+        r = subprocess.CompletedProcess(request["argv"], code, (tmp_path / "stdout").read_text(),
+                                        (tmp_path / "stderr").read_text())
+        plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
+        return r, plan
+    return run
 
 
 def line_of(program, marker):
@@ -27,7 +51,7 @@ def line_of(program, marker):
         return next(i for i, text in enumerate(f, 1) if marker in text)
 
 
-def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path):
+def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path, simulate):
     hidden = 256
     r, plan = simulate(tmp_path, "--nproc-per-node", "64", "--instance", "trn2.48xlarge",
                        os.path.join(PROGRAMS, "tp_mlp.py"), env={"MLP_HIDDEN": str(hidden)})
@@ -47,46 +71,90 @@ def test_tp_mlp_on_64_ranks_of_a_trn2_48xlarge(tmp_path):
     assert groups[plan["ranks"][5]["collectives"][-1]["group"]]["ranks"] == "0-63"
     assert plan["divergence"] is None and plan["communication"]["seconds"] > 0
     assert (tmp_path / "plan" / "plan.txt").exists() and (tmp_path / "plan" / "plan.html").exists()
+    # The program never uses its rank: ranks 0 and 63 ran, the others are rank 0's relabelled.
+    assert plan["simulation"]["script_runs"] == 2 and plan["simulation"]["symmetry"]["used"]
 
 
-def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path):
+def test_relabelled_ranks_equal_every_rank_run(tmp_path, simulate):
+    """The shortcut's plan is the plan of running every rank (TP groups {0,1}, {2,3}; FSDP {0,2}, {1,3})."""
+    args = ["--nproc-per-node", "4", "--instance", "trn2.3xlarge", os.path.join(PROGRAMS, "llama_tp_fsdp.py"),
+            *SMALL_LLAMA, "--layers", "1", "--tp", "2"]
+    _, fast = simulate(tmp_path / "fast", *args)
+    r, every = simulate(tmp_path / "every", "--all-ranks", *args)
+    assert r.returncode == 0, r.stderr
+    assert fast["simulation"]["script_runs"] == 2 and every["simulation"]["script_runs"] == 4
+    assert [r.pop("relabelled_from", None) for r in fast["ranks"]] == [None, 0, 0, None]  # ranks 0 and 3 ran
+    assert fast["ranks"] == every["ranks"] and fast["groups"] == every["groups"]
+    ops = {c["op"] for c in every["ranks"][0]["collectives"]}
+    assert {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"} <= ops  # FSDP2 and TP
+    tp_group = {g["name"]: g["ranks"] for g in every["groups"]}
+    assert {tp_group[c["group"]] for c in every["ranks"][2]["collectives"]} == {"2-3", "0,2"}
+
+
+def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--nproc-per-node", "8", os.path.join(PROGRAMS, "extra_all_reduce.py"))
     assert r.returncode == 1
     line = line_of("extra_all_reduce.py", "only rank 3 gets here")
     assert "rank 3 calls all_reduce(float32[4])" in r.stderr and f"extra_all_reduce.py:{line}" in r.stderr
     assert plan["divergence"]["rank"] == 3 and plan["divergence"]["index_in_group"] == 1
     assert plan["divergence"]["line"] == f"extra_all_reduce.py:{line}"
+    # rank 0's `rank == 3` was seen: every rank ran.
+    assert plan["simulation"]["script_runs"] == 8
+    assert f"extra_all_reduce.py:{line - 1}: __eq__ of dist.get_rank()" in plan["simulation"]["symmetry"][
+        "why_every_rank_ran"]
 
 
-SMALL_LLAMA = ["--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--kv-heads", "4", "--vocab",
-               "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
+def test_a_rank_used_only_inside_torch_is_caught_by_the_last_rank(tmp_path, simulate):
+    """torch.ones(rank) reads the rank in C, unseen; the last rank's run differs from rank 0's, so all run."""
+    r, plan = simulate(tmp_path, "--nproc-per-node", "4", "--instance", "trn2.3xlarge",
+                       os.path.join(PROGRAMS, "rank_sized.py"))
+    assert r.returncode == 1 and plan["simulation"]["script_runs"] == 4
+    assert "last rank differs" in plan["simulation"]["symmetry"]["why_every_rank_ran"]
+    assert [r["peak_bytes"] for r in plan["ranks"]] == [4 * rank for rank in range(4)]
+    assert plan["divergence"]["call"] == f"all_reduce(float32[1]) at rank_sized.py:{line_of('rank_sized.py', 'sizes')}"
 
 
-def test_numerics_of_a_tensor_parallel_llama_equal_one_device(tmp_path):
+def test_numerics_of_a_tp_x_fsdp_llama_equal_one_device(tmp_path, simulate):
+    """TP=2 x FSDP2=2 on a 2-D mesh: the loss, the loss after one SGD step (gradients reduce-scattered)
+    and the FSDP-sharded output weight after the step (`p`, the program's last parameter)."""
     r, plan = simulate(tmp_path, "--numerics", "--nproc-per-node", "4", "--instance", "trn2.3xlarge",
-                       os.path.join(PROGRAMS, "llama_tp_fsdp.py"), *SMALL_LLAMA, "--tp", "4")
+                       os.path.join(PROGRAMS, "llama_tp_fsdp.py"), *SMALL_LLAMA, "--tp", "2")
     assert r.returncode == 0, r.stderr
     outputs = plan["numerics"]["outputs"]
-    assert {"loss", "loss_after"} <= set(outputs) and all(o["ok"] for o in outputs.values())
+    assert {"loss", "loss_after", "p"} <= set(outputs) and all(o["ok"] for o in outputs.values())
+    assert outputs["p"]["shape"] == [256, 64]  # SMALL_LLAMA's vocab x hidden, gathered from its shards
     assert outputs["loss_after"]["max_abs_difference"] < 1e-5
 
 
-def test_numerics_fail_when_the_values_differ(tmp_path):
+def test_numerics_fail_when_the_values_differ(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--numerics", "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
                        os.path.join(PROGRAMS, "world_scaled.py"))
     assert r.returncode == 1 and not plan["numerics"]["ok"]
     assert plan["numerics"]["outputs"]["scaled"]["max_abs_difference"] == 1.0  # 2 ranks' value vs one's
 
 
-def test_tp_x_fsdp_structure_on_8_ranks(tmp_path):
-    r, plan = simulate(tmp_path, "--nproc-per-node", "8", os.path.join(PROGRAMS, "llama_tp_fsdp.py"),
-                       *SMALL_LLAMA, "--tp", "2")
+def test_flux2_tensor_parallel_on_a_trn2_3xlarge(tmp_path, simulate):
+    """diffusers' Flux2 transformer (1 double and 1 single block, hidden 4 x 16) TP over 2 of the 4 cores
+    (the benchmark runs 4B on 4): each block's row-parallel outputs are all_reduced (double block: image
+    and text attention and MLP; single block: one)."""
+    image, text, hidden = 64, 16, 64
+    r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
+                       os.path.join(PROGRAMS, "flux2_tensor_parallel.py"), "--small", "--image-tokens", str(image),
+                       "--text-tokens", str(text))
     assert r.returncode == 0, r.stderr
-    ops = {c["op"] for c in plan["ranks"][0]["collectives"]}
-    assert {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"} <= ops  # FSDP2 and TP
+    # bf16 bytes of a rank's parameters (diffusers 0.42.1's _tp_plan: colwise weights and biases and
+    # rowwise weights halved, the rest whole): live for the whole run.
+    params = 319680
+    for rank in plan["ranks"]:
+        # Unsharded, the parameters alone (479424) plus these activations (~170 kB) would pass 600 kB.
+        assert params <= rank["peak_bytes"] < 600_000
+        assert sorted(c["bytes"] for c in rank["collectives"]) == sorted(
+            2 * hidden * n for n in (text, image, image, text, image + text))
+        assert {c["op"] for c in rank["collectives"]} == {"all_reduce"}
+    assert [g["ranks"] for g in plan["groups"]] == ["0-1"]
 
 
-def test_an_allocation_over_hbm_is_named(tmp_path):
+def test_an_allocation_over_hbm_is_named(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
                        os.path.join(PROGRAMS, "over_hbm.py"))
     assert r.returncode == 1
@@ -99,15 +167,20 @@ def test_an_allocation_over_hbm_is_named(tmp_path):
     (["--instance", "p4d.24xlarge"], "unknown instance 'p4d.24xlarge'"),
     (["--nproc-per-node", "5", "--instance", "trn2.3xlarge"], "--nproc-per-node 5 is more than the 4 logical"),
     (["--lnc", "3"], "--lnc 3 is not valid on trn2.48xlarge"),
+    (["--jobs", "0"], "--jobs 0: give 1 or more"),
 ])
-def test_bad_input_names_problem_and_fix(tmp_path, args, says):
-    r, _ = simulate(tmp_path, *args, os.path.join(PROGRAMS, "tp_mlp.py"))
-    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+def test_bad_input_names_problem_and_fix(tmp_path, capsys, args, says):
+    from torch_neuronx.simulate.__main__ import main  # in this process: it stops before any rank runs
+    assert main(["--out", str(tmp_path), *args, os.path.join(PROGRAMS, "tp_mlp.py")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and not os.listdir(tmp_path)
 
 
-def test_a_missing_script_is_named(tmp_path):
-    r, _ = simulate(tmp_path, str(tmp_path / "nope.py"))
-    assert r.returncode == 2 and "nope.py" in r.stderr and "does not exist" in r.stderr
+def test_a_missing_script_is_named(tmp_path, capsys):
+    from torch_neuronx.simulate.__main__ import main
+    assert main([str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.py" in err and "does not exist" in err
 
 
 def test_instances_and_their_ranks_match_the_hardware_table():

@@ -72,6 +72,24 @@ def _fsdp_keeps_local_storages():
             setattr(module, name, original)
 
 
+@contextlib.contextmanager
+def _groups_kept_until_compared():
+    """The program's ``destroy_process_group()`` waits until its DTensors have been compared:
+    ``full_tensor()`` all-gathers over their mesh's groups. simulated_rank destroys them after."""
+    import torch.distributed as dist
+
+    def destroy_later(group=None):
+        if group is not None:
+            original(group)
+
+    original = dist.destroy_process_group
+    dist.destroy_process_group = dist.distributed_c10d.destroy_process_group = destroy_later
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = dist.distributed_c10d.destroy_process_group = original
+
+
 def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> dict:
     from torch.distributed._local_tensor import LocalTensorMode
 
@@ -82,7 +100,7 @@ def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int,
     start = time.perf_counter()
     # One run for all ranks: the fake group's rank 0 stands for each, LocalTensorMode holds their values.
     with world.simulated_rank(0, size, nproc_per_node, script, list(argv)):
-        with _fsdp_keeps_local_storages(), LocalTensorMode(size):
+        with _groups_kept_until_compared(), _fsdp_keeps_local_storages(), LocalTensorMode(size):
             namespace = world.run_script_keeping_globals(script)
             simulated = _tensors(namespace, size, names)
         del namespace

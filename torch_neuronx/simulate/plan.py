@@ -157,6 +157,8 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
             over.append({"rank": rec.rank, "peak_bytes": rec.peak_bytes, **entry["over_capacity"]})
         if rec.error:
             entry["error"] = {"message": rec.error, "line": rec.error_line}
+        if getattr(rec, "relabelled_from", None) is not None:
+            entry["relabelled_from"] = rec.relabelled_from  # not run: that rank's record, groups translated
         ranks.append(entry)
     slowest = max(ranks, key=lambda r: r["communication_seconds"]) if ranks else None
     return {
@@ -190,6 +192,14 @@ def text(plan: dict) -> str:
         out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; "
                    f"crossed by a {format_bytes(o['allocation_bytes'])} allocation ({o['op']}) at "
                    f"{o['line'] or o['site'] or 'an unknown line'}")
+    sim = plan.get("simulation", {})
+    sym = sim.get("symmetry") or {}
+    if sym.get("used"):
+        out.append(f"ran {sim['script_runs']} of {plan['world_size']} ranks (0 and the last): the program never used "
+                   f"its rank and the last rank's record is rank 0's with its groups translated; the others are "
+                   f"rank 0's relabelled (--all-ranks runs each)")
+    elif sym.get("why_every_rank_ran"):
+        out.append(f"ran every rank: {sym['why_every_rank_ran']}")
     comm = plan["communication"]
     out.append(f"communication: about {format_seconds(comm['seconds'])} on the slowest rank "
                f"({comm['slowest_rank']}) per run of the program, bandwidth only")

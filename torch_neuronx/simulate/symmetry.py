@@ -25,10 +25,10 @@ The argument, and what it rests on:
    group that holds it (DeviceMesh's groups tile the world by translation).
 3. Then every other rank's record is rank 0's relabelled. Otherwise every rank runs (the safe path).
 
-What this cannot see (and a full run would): a rank read by a library outside torch and leaked
-back to the program through torch as a plain int (a tensor's ``device.index``), a process group's
-name, or a rank value used only inside C code (``torch.zeros(rank)``) in a way that rank 0 and the
-last rank happen to agree on. ``--all-ranks`` runs every rank regardless.
+What this cannot see (and a full run would): a rank that reaches the program through torch as a
+plain int (a tensor's ``device.index``), a process group's name, a rank used only inside C code
+(``torch.zeros(rank)``, ``range(rank)``, ``"%d" % rank``, ``json.dumps``) in a way that rank 0 and
+the last rank happen to agree on. ``--all-ranks`` runs every rank regardless.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Audit:
         if frame is None:
             return
         name = frame.f_code.co_filename
-        if name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<")):
+        if name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<frozen")):
             return  # torch's own SPMD code, or printing/logging
         self.count += 1
         if len(self.notes) < MAX_NOTES:

@@ -4,7 +4,9 @@ weights; `--layers/--hidden/...` shrink it (the default is Llama 3 8B's shape).
 
 Top-level results, which `--numerics` compares with one device: `loss` (before the step) and
 `loss_after` (after one SGD step: the gradients' reduce-scatter and the update are in it).
-On one rank (WORLD_SIZE=1) it runs un-sharded: the single-device reference."""
+On one rank (WORLD_SIZE=1) it runs un-sharded: the single-device reference. Every rank trains on
+the same batch (drawn on the CPU from one seed), so FSDP2 averages equal gradients: the check covers
+sharding, gathering, reduce-scattering and the update, not averaging different data."""
 import argparse
 import math
 
