@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
 
-.PHONY: all setup demo test test-isa bench sweep-xla clean
+.PHONY: all setup demo test test-long test-isa bench sweep-xla clean
 
 all: test
 
@@ -41,7 +41,11 @@ demo: setup
 # One worker per core, each taking whole files (module fixtures, such as a shared compile
 # cache, stay in one process).
 test: setup
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not long"
+
+# The tests marked long (training under the xla executor: minutes of compiling); CI runs them too.
+test-long: setup
+	$(PY) -m pytest -q -n auto --dist loadfile -m long
 
 # The tests whose results come from Inductor's generated code, again under a forced vector ISA
 # (ATEN_CPU_CAPABILITY=avx2 or default: what CI machines without AVX-512 run): `make test-isa ISA=avx2`.

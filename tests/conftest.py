@@ -32,6 +32,8 @@ FX_GRAPH_CACHE_ENV = "TORCHINDUCTOR_FX_GRAPH_CACHE_DEFAULT"  # a default: the ba
 
 
 def pytest_configure(config):
+    # `make test` leaves these out to stay within its time; `make test-long` (and CI) runs them.
+    config.addinivalue_line("markers", "long: minutes of compiling (xla training); run by make test-long")
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False  # xdist would order the files by their number of tests
     # One compile cache for the run, created empty by the controller (or the only process) and

@@ -41,3 +41,13 @@ def test_tables_count_only_the_compilers_cases_and_give_each_failure_its_reason(
     assert "ModuleInfo cases: **1 of 2 pass (50.0%)**" in text and "OpInfo ops: **1 of 2 pass (50.0%)**" in text
     assert "| nn.B train | lowering | aten.x (stablehlo) | because |" in text
     assert "| g backward | mismatch | d | ours to fix |" in text
+
+
+def test_tables_name_no_path_of_this_machine():
+    import os
+
+    inside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "torch_neuronx", "x.py")
+    results = {"modules": {}, "ops": {"f forward": {"status": "error", "detail": "/opt/venv/lib/python3.11/"
+                                                   f"site-packages/torch/a.py:1 and {inside}:2"}}}
+    text = xla_sweep.markdown(results, {}, {"error": "ours"})
+    assert "site-packages/torch/a.py:1 and torch_neuronx/x.py:2" in text and "/opt/" not in text

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from torch_neuronx import neuron_dynamo_backend as backend
 
-pytestmark = pytest.mark.usefixtures("fresh_compile")
+pytestmark = [pytest.mark.usefixtures("fresh_compile"), pytest.mark.long]
 
 N = "neuron"
 XLA = {"executor": "xla"}

@@ -14,6 +14,7 @@ import sys
 
 from torch_neuronx.runtime import hardware, topology
 from torch_neuronx.runtime import format_bytes
+from torch_neuronx.runtime.units import id_ranges
 
 PROG = "neuron-ls"
 
@@ -27,19 +28,6 @@ def load(environ=None) -> topology.Topology:
 def bdf(chip: int) -> str:
     """A made-up, stable PCI address for a chip."""
     return f"0000:{0x10 + chip:02x}:1e.0"
-
-
-def id_ranges(ids) -> str:
-    """[0, 1, 2, 3, 6] -> '0-3,6'; [] -> '-'."""
-    parts: list[str] = []
-    ids = sorted(ids)
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            first, last = ids[start], ids[i - 1]
-            parts.append(str(first) if first == last else f"{first}-{last}")
-            start = i
-    return ",".join(parts) or "-"
 
 
 def chips(topo: topology.Topology) -> list[dict]:

@@ -130,6 +130,16 @@ def _graphs() -> int:
     return len(get_dynamo_metrics())
 
 
+def _expected_gradients(expected, wrt: list, wanted: bool):
+    """(whether there is a backward to check, the weights w_i, CPU's gradients of sum(out_i * w_i))."""
+    outs = [o for o in _flatten(expected) if o.requires_grad] if wanted else []
+    if not (outs and wrt):
+        return False, [], []
+    gen = torch.Generator().manual_seed(7)
+    weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+    return True, weights, torch.autograd.grad(outs, wrt, weights, allow_unused=True)
+
+
 def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
     """``fn(*args)`` eager on CPU, then compiled (xla) on neuron; with ``backward``, the gradients of
     sum(out_i * w_i) too."""
@@ -140,13 +150,8 @@ def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
         expected = fn(*cpu_args)
     except Exception:  # noqa: BLE001 - nothing to compare against
         return {"status": "eager-raises"}
-    outs = [o for o in _flatten(expected) if o.requires_grad] if backward else []
-    wrt = [a for a in cpu_args if isinstance(a, torch.Tensor) and a.requires_grad] if backward else []
-    backward = backward and bool(outs) and bool(wrt)
-    if backward:
-        gen = torch.Generator().manual_seed(7)
-        weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
-        expected_grads = torch.autograd.grad(outs, wrt, weights, allow_unused=True)
+    wrt = [a for a in cpu_args if isinstance(a, torch.Tensor) and a.requires_grad]
+    backward, weights, expected_grads = _expected_gradients(expected, wrt, backward)
     torch._dynamo.reset()
     reset_dynamo_metrics()
     neuron_args = [_to(a, N) if isinstance(a, torch.Tensor) else a for a in cpu_args]
@@ -256,13 +261,8 @@ def module_case(info, training: bool) -> dict:
         expected = fn(*params, *leaves)
     except Exception:  # noqa: BLE001
         return {"status": "eager-raises"}
-    outs = [o for o in _flatten(expected) if o.requires_grad] if training else []
-    wrt = params + [t for t in leaves if t.requires_grad]
-    backward = training and bool(outs) and bool(wrt)
-    if backward:
-        gen = torch.Generator().manual_seed(7)
-        weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
-        expected_grads = torch.autograd.grad(outs, wrt, weights, allow_unused=True)
+    backward, weights, expected_grads = _expected_gradients(expected, params + [t for t in leaves if t.requires_grad],
+                                                            training)
     from torch_neuronx.neuron_dynamo_backend import reset_dynamo_metrics
 
     torch._dynamo.reset()
@@ -333,6 +333,12 @@ def summary(cases: dict) -> tuple[int, int]:
     return sum(c["status"] == "pass" for c in counted), len(counted)
 
 
+def _portable(text: str) -> str:
+    """``text`` without this machine's paths: installed files from site-packages/, ours from the repository."""
+    text = re.sub(r"/\S*?/site-packages/", "site-packages/", text)
+    return text.replace(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/", "")
+
+
 def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) -> str:
     """The sweep as docs/xla-sweep.md: totals, then every failing case with its detail and, from
     ``reasons`` (keyed by the op or module name), whether TorchNeuron would fail it too."""
@@ -367,7 +373,7 @@ def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) ->
         for name, case in sorted(failing.items()):
             base = name.rsplit(" ", 1)[0]
             reason = reasons.get(base, reasons.get(base.split(".")[0], default.get(case["status"], "not classified")))
-            detail = case.get("detail", "").replace("|", "\\|")
+            detail = _portable(case.get("detail", "")).replace("|", "\\|")
             lines.append(f"| {name} | {case['status']} | {detail} | {reason} |")
     return "\n".join(lines) + "\n"
 

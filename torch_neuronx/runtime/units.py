@@ -34,3 +34,16 @@ def format_seconds(seconds: float) -> str:
 def seconds_range(seconds) -> str:
     """'1.2 s–4.5 s': a (low, high) range of seconds."""
     return f"{format_seconds(seconds[0])}–{format_seconds(seconds[1])}"
+
+
+def id_ranges(ids) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6'; [] -> '-'."""
+    parts: list[str] = []
+    ids = sorted(ids)
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            first, last = ids[start], ids[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts) or "-"

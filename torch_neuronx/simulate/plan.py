@@ -15,7 +15,7 @@ import json
 import os
 from collections import Counter, defaultdict
 
-from torch_neuronx.runtime.units import format_bytes, format_seconds
+from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges as ranges
 from torch_neuronx.runtime.hardware import Instance
 
 SCHEMA = 1
@@ -40,18 +40,6 @@ class DivergenceError(Exception):
     def __init__(self, message: str, details: dict):
         super().__init__(message)
         self.details = details
-
-
-def ranges(ids) -> str:
-    """[0, 1, 2, 3, 6] -> '0-3,6'."""
-    ids = sorted(ids)
-    parts, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            first, last = ids[start], ids[i - 1]
-            parts.append(str(first) if first == last else f"{first}-{last}")
-            start = i
-    return ",".join(parts) or "-"
 
 
 class Layout:
