@@ -83,8 +83,11 @@ def inductor_settings(aliased_inputs: bool = False):
         try:
             os.makedirs(inductor_dir, exist_ok=True)
             usable = os.access(inductor_dir, os.W_OK)
-        except OSError:
-            usable = False  # the NEFF cache warns about its directory; Inductor keeps its default
+        except OSError as error:
+            # Said here too: with nothing of Inductor's to keep (its cache off below), nothing is
+            # written later that would say it. Inductor keeps its default directory.
+            cache.unwritable(error)
+            usable = False
         if usable:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
             _inductor_dirs_set.add(inductor_dir)

@@ -207,11 +207,15 @@ class NeffCache:
         try:
             write_atomically(path, _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
         except OSError as e:
-            self._count("WriteFailures")
-            warn_once(("unwritable", self.directory),
-                       f"torch_neuronx: compile cache directory {self.directory} is not writable "
-                       f"({e.strerror or e}); compiled graphs will not be persisted. Set "
-                       f"TORCH_NEURONX_NEFF_CACHE_DIR to a writable directory.")
+            self.unwritable(e)
+
+    def unwritable(self, error: OSError) -> None:
+        """A write into the directory failed: counted, and said once."""
+        self._count("WriteFailures")
+        warn_once(("unwritable", self.directory),
+                  f"torch_neuronx: compile cache directory {self.directory} is not writable "
+                  f"({error.strerror or error}); compiled graphs will not be persisted. Set "
+                  f"TORCH_NEURONX_NEFF_CACHE_DIR to a writable directory.")
 
     @contextlib.contextmanager
     def compile_lock(self, key: str):
