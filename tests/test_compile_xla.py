@@ -646,3 +646,27 @@ def test_random_ops_in_a_compiled_graph_compute_differently_and_plain_ones_are_s
     [found] = [f for f in collect().findings if f["kind"] == "compiled-rng"]
     assert found["severity"] == "computes-differently"
     assert any("random_op_legalization" in d for d in found["details"]), found
+
+
+def test_a_custom_op_crosses_to_the_worker_which_imports_its_module():
+    """A graph holding a custom op (torch.library.custom_op) is rebuilt in a fresh process, where the
+    op exists only once its defining module is imported."""
+    import pickle
+    import subprocess
+    import sys
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from helpers import custom_ops
+    from torch_neuronx.neuron_dynamo_backend.faithful import lowering_worker
+
+    graph = make_fx(lambda x: custom_ops.scaled(x, 2.0) + 1)(torch.randn(3))
+    description = lowering_worker.describe(graph)
+    rebuild = ("import pickle, sys\nfrom torch_neuronx.neuron_dynamo_backend.faithful import lowering_worker as w\n"
+               "g = w.rebuild(pickle.load(sys.stdin.buffer))\nprint([str(n.target) for n in g.graph.nodes])")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", rebuild], input=pickle.dumps(description), capture_output=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert "neuron_test.scaled.default" in proc.stdout.decode()

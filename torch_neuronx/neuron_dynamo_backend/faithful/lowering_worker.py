@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import importlib
 import operator
 import os
 import pickle
@@ -48,12 +49,23 @@ class _Ref:
 
 # -- the graph as a description ---------------------------------------------------------------------------
 
+def _defining_module(op: torch._ops.OpOverload) -> str | None:
+    """The module a custom op (``torch.library.custom_op``) is defined in, which the worker must import
+    for the op to exist there; None for built-in ops."""
+    if op.namespace in ("aten", "prims"):
+        return None
+    from torch._library.custom_ops import OPDEFS
+
+    definition = OPDEFS.get(op.name().split(".")[0])
+    return getattr(getattr(definition, "_init_fn", None), "__module__", None)
+
+
 def _target(node: torch.fx.Node):
     target = node.target
     if node.op in ("placeholder", "output", "get_attr"):
         return target
     if isinstance(target, torch._ops.OpOverload):
-        return ("op", target.name())
+        return ("op", target.name(), _defining_module(target))
     if target is operator.getitem:
         return target
     raise _Unportable(f"{node.op} {target!r}")
@@ -158,6 +170,8 @@ def rebuild(description: dict) -> torch.fx.GraphModule:
 
     for op, name, target, args, kwargs, meta in description["nodes"]:
         if isinstance(target, tuple) and target[:1] == ("op",):
+            if target[2] is not None:
+                importlib.import_module(target[2])
             namespace, _, rest = target[1].partition("::")
             packet, _, overload = rest.partition(".")
             target = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
