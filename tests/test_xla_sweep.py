@@ -32,6 +32,13 @@ def test_a_case_that_does_not_lower_is_classified_with_op_and_stage():
     assert outcome["status"] == "lowering" and outcome["detail"].startswith("aten.cummax ("), outcome
 
 
+def test_a_call_that_raises_eagerly_on_neuron_too_is_not_counted():
+    """tensor_split wants its sections tensor on the CPU, eager too: not the compiler's failure."""
+    [op] = xla_sweep.op_infos(["tensor_split"])
+    outcome = xla_sweep.op_case(op, False)
+    assert outcome["status"] == "device-eager-raises" and "device-eager-raises" in xla_sweep.NOT_COUNTED, outcome
+
+
 def test_tables_count_only_the_compilers_cases_and_give_each_failure_its_reason():
     results = {"modules": {"nn.A train": {"status": "pass"}, "nn.A eval": {"status": "dynamo-skips"},
                            "nn.B train": {"status": "lowering", "detail": "aten.x (stablehlo)"}},

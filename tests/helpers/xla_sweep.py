@@ -6,7 +6,8 @@ A case passes when its graphs compile and its outputs (and gradients) equal eage
 tolerances (``RTOL``/``ATOL``: XLA sums in its own order); random ops are compared by shape and dtype
 only (XLA draws its own numbers). A case that fails is classified: ``lowering`` (an op does not lower,
 with the op and the stage), ``crash`` (torch-mlir crashed on it), ``mismatch`` (it runs, but computes
-something else), ``error`` (anything else). A case whose eager call raises on CPU is not counted.
+something else), ``error`` (anything else). A case whose eager call raises on CPU, or whose failing
+compiled call raises eagerly on neuron as well, is not counted.
 
     python tests/helpers/xla_sweep.py --json out.json [--ops add mul ...] [--modules nn.Linear ...]
 
@@ -31,6 +32,8 @@ N = "neuron"
 OPTIONS = {"executor": "xla"}
 _RANDOM_NAME = re.compile(r"(rand|normal|bernoulli|dropout|multinomial|uniform|exponential|geometric|"
                           r"cauchy|log_normal|poisson)")
+# Ops whose outputs are uninitialized memory: like random ops, compared by shape and dtype only.
+_UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_permuted", "empty_strided"}
 
 
 def _flatten(x):
@@ -140,6 +143,18 @@ def _expected_gradients(expected, wrt: list, wanted: bool):
     return True, weights, torch.autograd.grad(outs, wrt, weights, allow_unused=True)
 
 
+def _eager_raises(fn, neuron_args) -> bool:
+    """Whether ``fn`` raises eagerly on neuron too: then the error is the call's (an argument ATen
+    wants on the CPU, say), and no compiler's."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn(*neuron_args)
+    except Exception:  # noqa: BLE001 - only whether it raises matters
+        return True
+    return False
+
+
 def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
     """``fn(*args)`` eager on CPU, then compiled (xla) on neuron; with ``backward``, the gradients of
     sum(out_i * w_i) too."""
@@ -171,6 +186,8 @@ def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
                 problem = _compare(list(grads), list(expected_grads), random)
                 problem = problem and f"gradient {problem}"
     except Exception as error:  # noqa: BLE001 - classified
+        if _eager_raises(fn, neuron_args):
+            return {"status": "device-eager-raises", "detail": f"{type(error).__name__}, eager too"}
         status, detail = _classify(error)
         return {"status": status, "detail": detail, "seconds": time.perf_counter() - start}
     if problem is not None:
@@ -204,7 +221,7 @@ def op_case(op, backward: bool) -> dict:
         inp, args, kwargs = _replace(structure, iter(tensors))
         return op(inp, *args, **kwargs)
 
-    return run_compiled(fn, leaves, backward, bool(_RANDOM_NAME.search(op.name)))
+    return run_compiled(fn, leaves, backward, bool(_RANDOM_NAME.search(op.name)) or op.name in _UNINITIALIZED)
 
 
 # ---- module_db ------------------------------------------------------------------------------------
@@ -324,7 +341,7 @@ def run(op_names=None, module_names=None, progress=True, shard=(0, 1), save=None
 
 
 # Statuses that are not the compiler's: not counted in the pass rate.
-NOT_COUNTED = ("eager-raises", "no-sample", "no-backward", "dynamo-skips")
+NOT_COUNTED = ("eager-raises", "device-eager-raises", "no-sample", "no-backward", "dynamo-skips")
 
 
 def summary(cases: dict) -> tuple[int, int]:
