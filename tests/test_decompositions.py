@@ -104,6 +104,54 @@ CASES = {
     aten.empty_strided.default: "not compared: its values are undefined",
     aten._pad_circular.default: [((r(2, 3, 5), [2, 1]), {}), ((r(2, 3, 5, 4), [1, 2, -1, 3]), {}),
                                  ((r(1, 2, 3, 4, 5), [1, 1, 2, 0, 1, 2]), {})],
+    aten.empty_permuted.default: "not compared: its values are undefined",
+    aten.new_empty_strided.default: "not compared: its values are undefined",
+    aten._efficientzerotensor.default: [(([2, 3],), {"dtype": torch.float32})],
+    aten.scatter_reduce.two: [((r(4, 5, 3), 1, torch.randint(0, 5, (3, 4, 2), generator=torch.Generator().manual_seed(1)),
+                                r(3, 4, 2, seed=2), reduce), {"include_self": include})
+                               for reduce in ("sum", "prod", "mean", "amax", "amin") for include in (True, False)]
+    + [((torch.tensor([[3, -1], [0, 7]]), 0, idx(1, 1, 0, 1).view(2, 2), torch.tensor([[5, -4], [2, 9]]), "amax"), {}),
+       ((torch.tensor(2.0), 0, idx(0), torch.tensor(3.0), "mean"), {})],
+    aten.index_reduce.default: [((r(4, 5, 3), 1, idx(4, 0, 4, 2), r(4, 4, 3, seed=1), reduce), {"include_self": include})
+                                for reduce in ("prod", "mean", "amax", "amin") for include in (True, False)],
+    aten.put.default: [((r(4, 5), idx(0, -1, 7, 7), r(4, seed=1)), {}), ((r(4, 5), idx(3, -1, 3), r(3, seed=1), True), {})],
+    aten.masked_scatter_backward.default: "pool",
+    aten.searchsorted.Tensor: [((torch.sort(r(3, 6))[0], r(3, 4, seed=1)), {}),
+                               ((torch.sort(r(6))[0], r(2, 4, seed=1)), {"right": True, "out_int32": True}),
+                               ((r(6), r(5, seed=1)), {"sorter": torch.sort(r(6))[1]}),
+                               ((torch.tensor([1.0, 2.0, 2.0, 3.0]), torch.tensor([2.0, 0.5, 3.0])), {"side": "right"})],
+    aten.searchsorted.Scalar: [((torch.sort(r(6))[0], 0.1), {})],
+    aten.amax.default: [((torch.tensor(2.5), []), {})],
+    aten.amin.default: [((torch.tensor(-2.5), [0], True), {})],
+    aten.sum.dim_IntList: [((torch.tensor(1.5), [0]), {}), ((torch.tensor(3), None), {"dtype": torch.float32})],
+    aten.argmax.default: [((torch.tensor(2.5),), {})],
+    aten.argmin.default: [((torch.tensor(2.5), 0, True), {})],
+    aten.kthvalue.default: [((r(5, 7), 3, 1), {}), ((r(5, 7), 5, 0, True), {})],
+    aten.median.default: [((r(5, 7),), {}), ((torch.tensor([1.0, float("nan"), 0.5]),), {})],
+    aten.median.dim: [((r(5, 7), 1), {}), ((r(6, 4), 0, True), {}),
+                      ((torch.tensor([[1.0, float("nan"), 0.5], [2.0, 3.0, 1.0]]), 1), {})],
+    aten.nanmedian.default: [((torch.tensor([1.0, float("nan"), 0.5, 4.0]),), {})],
+    aten.nanmedian.dim: [((torch.tensor([[1.0, float("nan"), 0.5, 4.0], [2.0, 3.0, 1.0, 0.0]]), 1), {})],
+    aten._cdist_forward.default: [((r(2, 3, 4), r(2, 5, 4, seed=1), p, None), {}) for p in (0.0, 1.0, 2.0, 3.0, math.inf)],
+    aten._pdist_forward.default: [((r(5, 3), p), {}) for p in (0.0, 1.0, 2.0, 0.5, math.inf)],
+    aten._pdist_backward.default: "pool",
+    torch.ops.prims.prod.default: [((r(3, 4, 5), [0, 2]), {}), ((r(3, 4), [1]), {}),
+                                    ((r(2, 3), [0, 1]), {})],
+    aten.trace.default: [((r(4, 4),), {}), ((r(3, 5),), {}), ((torch.arange(12).view(4, 3),), {})],
+    aten.angle.default: [((torch.tensor([-1.0, 0.0, 2.0, float("nan"), -float("inf")]),), {}),
+                         ((torch.tensor([-3, 0, 4]),), {})],
+    aten.hypot.default: [((r(5) * 1e30, r(5, seed=1) * 1e30), {}),
+                         ((torch.tensor([0.0, float("inf"), float("nan"), 3.0]), torch.tensor([0.0, 1.0, 1.0, -4.0])), {})],
+    aten.diagonal_scatter.default: [((r(3, 4, 5), r(4, 2, seed=1), 1, 2, 0), {}), ((r(4, 4), r(3, seed=1), -1), {})],
+    aten.diagonal_backward.default: "pool",
+    aten.diagonal.default: [((r(3, 4, 5), offset, d1, d2), {})
+                            for offset, d1, d2 in ((0, 0, 1), (1, 0, 1), (-2, 1, 2), (3, 2, 0), (-1, -1, 0), (7, 0, 1))],
+    aten._upsample_bilinear2d_aa.default: [((r(2, 3, 10, 20), size, False, *scales), {})
+                                           for size, scales in (((3, 3), ()), ((25, 7), ()), ((5, 10), (0.5, 0.5)))],
+    aten._upsample_bilinear2d_aa_backward.default: "pool",
+    aten.frexp.Tensor: [((torch.cat([r(50) * 1e10, r(50, seed=1) * 1e-30,
+                                     torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, 0.5, -4.0,
+                                                   3.4e38])]),), {})],
 }
 
 # Backward ops checked against autograd of their forward op (what produces them in a graph).
@@ -121,6 +169,12 @@ FORWARDS = {
     aten.replication_pad1d_backward.default: [lambda x: torch.nn.functional.pad(x[..., 0, 0], [2, 3], "replicate")],
     aten.replication_pad2d_backward.default: [lambda x: torch.nn.functional.pad(x[..., 0], [2, 3, 1, 0], "replicate")],
     aten.replication_pad3d_backward.default: [lambda x: torch.nn.functional.pad(x, [1, 1, 2, 0, 0, 3], "replicate")],
+    aten.masked_scatter_backward.default: [lambda x: torch.zeros(3, 4).masked_scatter(r(3, 4) > 0, x.reshape(-1)[:20])],
+    aten._pdist_backward.default: [lambda x: torch.nn.functional.pdist(x.reshape(6, -1), 2),
+                                   lambda x: torch.nn.functional.pdist(x.reshape(10, -1), 1.5)],
+    aten.diagonal_backward.default: [lambda x: x.diagonal(1, 0, 2) * 1],
+    aten._upsample_bilinear2d_aa_backward.default: [
+        lambda x: torch.nn.functional.interpolate(x[..., 0], size=(3, 4), mode="bilinear", antialias=True)],
 }
 
 
@@ -131,7 +185,8 @@ def _linear_backward_by_autograd(x, grad, weight, mask):
     return torch.autograd.grad(torch.nn.functional.linear(x, weight, bias), (x, weight, bias), grad)
 
 
-ORACLES = {aten.linear_backward.default: _linear_backward_by_autograd}
+ORACLES = {aten.linear_backward.default: _linear_backward_by_autograd,
+           aten._efficientzerotensor.default: lambda size, dtype: torch.zeros(size, dtype=dtype)}
 OWN = {**table.TORCHNEURON_DECOMPOSITIONS, **table.PRIVATE_PIPELINE_OWN}
 
 
@@ -142,7 +197,7 @@ def _close(got, expected):
             _close(g, e)
     elif isinstance(expected, torch.Tensor):
         assert got.shape == expected.shape and got.dtype == expected.dtype, (got.shape, expected.shape)
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
     elif expected is not None or got is not None:
         assert got == expected
 

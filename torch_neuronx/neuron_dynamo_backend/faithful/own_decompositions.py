@@ -587,3 +587,355 @@ def pad_circular(x, pad):
             parts.append(x.narrow(dim, 0, right))
         x = torch.cat(parts, dim) if len(parts) > 1 else parts[0]
     return x
+
+
+# ---- reductions by index --------------------------------------------------------------------------
+
+def _reduction_identity(reduce: str, dtype):
+    """The value a reduction starts from: what an empty group reduces to before ``include_self``."""
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    low, high = (-math.inf, math.inf) if dtype.is_floating_point else (info.min, info.max)
+    return low if reduce == "amax" else high
+
+
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    """``x`` with each ``src`` element reduced into the position ``index`` names along ``dim``: every
+    (source, target) pair compared at once, a one-hot of shape (..., n sources, m targets) reduced over
+    the sources. Integer means (which round) are left to the op."""
+    if reduce == "mean" and not x.dtype.is_floating_point:
+        return NotImplemented
+    if x.dim() == 0:
+        return scatter_reduce(x.reshape(1), 0, index.reshape(1), src.reshape(1), reduce,
+                              include_self=include_self).reshape(())
+    dim = dim % x.dim()
+    block = [slice(0, size) for size in index.shape]  # only the part of x that index's extents cover
+    target = x[tuple(block[:dim]) + (slice(None),) + tuple(block[dim + 1:])].movedim(dim, -1)
+    sources = src[tuple(block)].movedim(dim, -1).to(x.dtype)
+    hits = index.movedim(dim, -1).unsqueeze(-1) == torch.arange(x.shape[dim], device=x.device)
+    count = hits.sum(-2)
+    identity = _reduction_identity(reduce, x.dtype)
+    spread = torch.where(hits, sources.unsqueeze(-1), torch.full((), identity, dtype=x.dtype, device=x.device))
+    if reduce in ("sum", "mean"):
+        reduced = spread.sum(-2, dtype=x.dtype)
+    elif reduce == "prod":
+        reduced = spread.prod(-2, dtype=x.dtype)
+    else:
+        reduced = spread.amax(-2) if reduce == "amax" else spread.amin(-2)
+    if include_self:
+        if reduce == "mean":
+            reduced = (reduced + target) / (count + 1)
+        elif reduce == "sum":
+            reduced = reduced + target
+        elif reduce == "prod":
+            reduced = reduced * target
+        else:
+            reduced = torch.maximum(reduced, target) if reduce == "amax" else torch.minimum(reduced, target)
+    elif reduce == "mean":
+        reduced = reduced / count.clamp(min=1)
+    return _into(x, torch.where(count > 0, reduced, target).movedim(-1, dim))
+
+
+def _into(x, block):
+    """``x`` with ``block`` written over its leading corner, one dimension at a time (slice_scatter)."""
+    for d in range(x.dim()):
+        if block.shape[d] != x.shape[d]:
+            around = x[tuple(slice(None) if e == d else slice(0, block.shape[e]) for e in range(x.dim()))]
+            block = around.slice_scatter(block, d, 0, block.shape[d])
+    return block
+
+
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """Along ``dim``, source slice i reduced into x's slice index[i]: a scatter_reduce whose index is
+    ``index`` spread over every other dimension."""
+    if x.dim() == 0:
+        return index_reduce(x.reshape(1), 0, index, source.reshape(1), reduce, include_self=include_self).reshape(())
+    dim = dim % x.dim()
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    return scatter_reduce(x, dim, index.reshape(shape).expand(source.shape), source, reduce,
+                          include_self=include_self)
+
+
+def put(x, index, source, accumulate=False):
+    """``x.flatten()[index] = source`` (or ``+=``), negative indices counted from the end."""
+    flat = x.reshape(-1)
+    index = index.reshape(-1)
+    index = torch.where(index < 0, index + flat.numel(), index)
+    source = source.reshape(-1).to(x.dtype)
+    flat = flat.scatter_add(0, index, source) if accumulate else flat.scatter(0, index, source)
+    return flat.view(x.shape)
+
+
+def masked_scatter_backward(grad, mask, sizes):
+    """The source's gradient: masked_scatter took source element k for the k-th true position of the
+    mask, so each true position's gradient goes back to its rank; the source elements it did not use
+    get none."""
+    flat_mask = mask.expand(grad.shape).reshape(-1)
+    total = math.prod(sizes)
+    rank = torch.cumsum(flat_mask.to(torch.int64), 0) - 1
+    target = torch.where(flat_mask & (rank < total), rank, total)
+    out = grad.new_zeros(total + 1).scatter_add(0, target, torch.where(flat_mask, grad.reshape(-1), 0))
+    return out[:total].view(sizes)
+
+
+def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+    """For each value, how many elements of its (innermost) sorted row are below it (or at most it,
+    with ``right``): every comparison at once."""
+    if sorter is not None:
+        sorted_sequence = sorted_sequence.gather(-1, sorter)
+    right = right or side == "right"
+    values = values if isinstance(values, torch.Tensor) else torch.tensor(values, device=sorted_sequence.device)
+    if sorted_sequence.dim() == 1:
+        row = sorted_sequence.view([1] * values.dim() + [-1])
+    else:
+        row = sorted_sequence.unsqueeze(-2)
+    below = row <= values.unsqueeze(-1) if right else row < values.unsqueeze(-1)
+    return below.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
+
+def prims_prod(x, dims, *, output_dtype=None):
+    """torch's cumprod decomposition leaves the primitive ``prims.prod``, which torch-mlir does not
+    know: aten's product, one dimension at a time."""
+    for dim in sorted((d % x.dim() for d in (dims if dims is not None else range(x.dim()))), reverse=True):
+        x = torch.prod(x, dim)
+    return x.to(output_dtype) if output_dtype is not None else x
+
+
+def reduction_of_a_scalar(x, *args, dtype=None, **kwargs):
+    """A reduction (sum, amax, amin) of a 0-d tensor is the tensor itself: torch-mlir crashes on
+    reducing no dimensions."""
+    if x.dim() != 0:
+        return NotImplemented
+    return x.to(dtype) if dtype is not None else x.clone()
+
+
+def arg_of_a_scalar(x, *args, **kwargs):
+    """argmax/argmin of a 0-d tensor: position 0."""
+    if x.dim() != 0:
+        return NotImplemented
+    return torch.zeros((), dtype=torch.int64, device=x.device)
+
+
+# ---- order statistics ------------------------------------------------------------------------------
+
+def _sorted_along(x, dim):
+    """``x`` sorted ascending along ``dim`` (NaN last) and the positions each value came from."""
+    return torch.sort(x, dim=dim)
+
+
+def _nan_first(x, dim, keepdim):
+    """Whether each slice holds a NaN, and the position of its first NaN."""
+    nan = torch.isnan(x)
+    return nan.any(dim, keepdim=keepdim), torch.argmax(nan.to(torch.uint8), dim, keepdim=keepdim)
+
+
+def kthvalue(x, k, dim=-1, keepdim=False):
+    """The k-th smallest value along ``dim`` and its position: the sorted slice's element k - 1."""
+    if x.dim() == 0:
+        return NotImplemented
+    values, positions = _sorted_along(x, dim)
+    pick = lambda t: t.narrow(dim, k - 1, 1) if keepdim else t.select(dim, k - 1)  # noqa: E731
+    return pick(values), pick(positions)
+
+
+def median_dim(x, dim, keepdim=False):
+    """The lower median along ``dim`` (NaN, at its first position, where the slice holds one)."""
+    if x.dim() == 0:
+        return NotImplemented
+    value, position = kthvalue(x, (x.shape[dim] - 1) // 2 + 1, dim, keepdim)
+    if x.dtype.is_floating_point:
+        has_nan, first_nan = _nan_first(x, dim, keepdim)
+        value = torch.where(has_nan, torch.full((), math.nan, dtype=x.dtype, device=x.device), value)
+        position = torch.where(has_nan, first_nan, position)
+    return value, position
+
+
+def median(x):
+    """The lower median of every element; NaN if any is."""
+    if x.numel() == 0:
+        return NotImplemented
+    return median_dim(x.reshape(-1), 0)[0]
+
+
+def nanmedian_dim(x, dim, keepdim=False):
+    """The lower median of each slice's non-NaN values (NaN last after sorting, so it is element
+    (count - 1) // 2 of the sorted slice); NaN where the slice has none."""
+    if x.dim() == 0 or not x.dtype.is_floating_point:
+        return NotImplemented
+    values, positions = _sorted_along(x, dim)
+    count = (~torch.isnan(x)).sum(dim, keepdim=True)
+    chosen = ((count - 1).clamp(min=0) // 2)
+    value, position = values.gather(dim, chosen), positions.gather(dim, chosen)
+    if not keepdim:
+        value, position = value.squeeze(dim), position.squeeze(dim)
+    return value, position
+
+
+def nanmedian(x):
+    if x.numel() == 0 or not x.dtype.is_floating_point:
+        return NotImplemented
+    return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+# ---- distances and elementwise ---------------------------------------------------------------------
+
+def _p_norm_last(diff, p):
+    """The p-norm of ``diff`` over its last dimension (p = 0 counts nonzeros, inf takes the max)."""
+    if p == 0:
+        return (diff != 0).sum(-1).to(diff.dtype)
+    if math.isinf(p):
+        return diff.abs().amax(-1)
+    if p == 1:
+        return diff.abs().sum(-1)
+    if p == 2:
+        return torch.sqrt((diff * diff).sum(-1))
+    return diff.abs().pow(p).sum(-1).pow(1.0 / p)
+
+
+def cdist(x1, x2, p, compute_mode=None):
+    """Every pair's p-norm distance, from the pairwise differences (batch, rows of x1, rows of x2, features)."""
+    return _p_norm_last(x1.unsqueeze(-2) - x2.unsqueeze(-3), p)
+
+
+def pdist(x, p=2):
+    """The distances between each pair of rows i < j, in row-major order of the pairs."""
+    rows = x.shape[0]
+    first, second = torch.triu_indices(rows, rows, 1, device=x.device)
+    return _p_norm_last(x[first] - x[second], p)
+
+
+def _p_norm_gradient(diff, distance, p):
+    """d ||diff||_p / d diff (zero where the distance is)."""
+    if p == 0:
+        return torch.zeros_like(diff)
+    if p == 1:
+        return torch.sign(diff)
+    safe = torch.where(distance == 0, torch.ones_like(distance), distance).unsqueeze(-1)
+    if math.isinf(p):
+        return torch.sign(diff) * (diff.abs() == distance.unsqueeze(-1)) * (distance != 0).unsqueeze(-1)
+    if p == 2:
+        gradient = diff / safe
+    else:
+        gradient = torch.where(diff == 0, 0, torch.sign(diff) * diff.abs().pow(p - 1) / safe.pow(p - 1))
+    return gradient * (distance != 0).unsqueeze(-1)
+
+
+def pdist_backward(grad, x, p, distances):
+    """Each pair's gradient, +d/d(x_i) to its first row and -d/d(x_i) to its second."""
+    rows = x.shape[0]
+    first, second = torch.triu_indices(rows, rows, 1, device=x.device)
+    each = grad.unsqueeze(-1) * _p_norm_gradient(x[first] - x[second], distances, p)
+    return torch.zeros_like(x).index_add(0, first, each).index_add(0, second, -each)
+
+
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    """The (offset) diagonal of dims ``dim1``/``dim2``, moved last: a gather of the positions
+    row * columns + row + offset of the two dims flattened."""
+    dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
+    moved = x.movedim((dim1, dim2), (-2, -1))
+    rows, columns = moved.shape[-2], moved.shape[-1]
+    length = max(0, min(rows, columns - offset) if offset >= 0 else min(rows + offset, columns))
+    row = torch.arange(length, device=x.device) + max(0, -offset)
+    flat = moved.reshape(*moved.shape[:-2], rows * columns)
+    return flat.index_select(-1, row * columns + row + offset)
+
+
+def trace(x):
+    """The sum of the main diagonal (torch-mlir would make it a diagonal op, which it cannot lower)."""
+    return diagonal(x).sum()
+
+
+def angle(x):
+    """The argument of a real number: pi for negatives, 0 otherwise, NaN kept."""
+    if x.is_complex():
+        return NotImplemented
+    x = x if x.dtype.is_floating_point else x.to(torch.get_default_dtype())
+    signs = torch.where(x < 0, torch.full((), math.pi, dtype=x.dtype, device=x.device), torch.zeros_like(x))
+    return torch.where(torch.isnan(x), x, signs)
+
+
+def hypot(x, y):
+    """sqrt(x^2 + y^2), scaled by the larger magnitude so no square overflows."""
+    big = torch.maximum(x.abs(), y.abs())
+    small = torch.minimum(x.abs(), y.abs())
+    ratio = torch.where(big == 0, torch.zeros_like(big), small / big)
+    result = big * torch.sqrt(1 + ratio * ratio)
+    return torch.where(torch.isinf(big), big, result)
+
+
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """``x`` with its diagonal replaced by ``src``: each diagonal element's flat position, from the
+    same diagonal taken of the positions themselves, scattered into."""
+    positions = torch.arange(x.numel(), device=x.device).view(x.shape).diagonal(offset, dim1, dim2)
+    return x.reshape(-1).scatter(0, positions.reshape(-1), src.reshape(-1).to(x.dtype)).view(x.shape)
+
+
+def diagonal_backward(grad, input_sizes, offset, dim1, dim2):
+    return diagonal_scatter(grad.new_zeros(input_sizes), grad, offset, dim1, dim2)
+
+
+def new_empty_strided_as_zeros(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.zeros(size, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def empty_permuted_as_zeros(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch's efficient zero tensor (what autograd gives an unused gradient) as plain zeros."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+# ---- anti-aliased resizing -------------------------------------------------------------------------
+
+def _antialias_matrix(size, outputs, scale_factor, dtype, device):
+    """(outputs, size): output i is a normalized triangle-filter average of the inputs around its
+    centre, the filter widened by the scale when shrinking (so every input contributes)."""
+    scale = 1.0 / scale_factor if scale_factor else size / outputs
+    support = scale if scale >= 1.0 else 1.0
+    inverse = 1.0 / scale if scale >= 1.0 else 1.0
+    centre = (torch.arange(outputs, device=device, dtype=dtype) + 0.5).unsqueeze(1) * scale
+    first = torch.floor(centre - support + 0.5).clamp(min=0)
+    last = torch.floor(centre + support + 0.5).clamp(max=size)
+    position = torch.arange(size, device=device, dtype=dtype)
+    weights = torch.clamp(1.0 - ((position - centre + 0.5) * inverse).abs(), min=0.0)
+    weights = torch.where((position >= first) & (position < last), weights, 0.0)
+    total = weights.sum(1, keepdim=True)
+    return torch.where(total > 0, weights / torch.where(total > 0, total, 1.0), 0.0)
+
+
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    """Anti-aliased bilinear resizing is separable: one filter matrix per spatial dimension."""
+    if align_corners:
+        return NotImplemented
+    rows = _antialias_matrix(x.shape[-2], output_size[0], scales_h, x.dtype, x.device)
+    columns = _antialias_matrix(x.shape[-1], output_size[1], scales_w, x.dtype, x.device)
+    return rows @ x @ columns.T
+
+
+def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    """The filter matrices' transposes applied to the gradient."""
+    if align_corners:
+        return NotImplemented
+    rows = _antialias_matrix(input_size[-2], output_size[0], scales_h, grad.dtype, grad.device)
+    columns = _antialias_matrix(input_size[-1], output_size[1], scales_w, grad.dtype, grad.device)
+    return rows.T @ grad @ columns
+
+
+def frexp(x):
+    """x = mantissa * 2^exponent with |mantissa| in [0.5, 1): the exponent from log2 of the magnitude,
+    corrected by one where rounding put the mantissa just outside; zero, infinities and NaN keep a
+    zero exponent and themselves as mantissa."""
+    finite = torch.isfinite(x) & (x != 0)
+    magnitude = torch.where(finite, x.abs(), torch.ones_like(x))
+    exponent = torch.floor(torch.log2(magnitude)) + 1
+    mantissa = magnitude * torch.pow(2.0, -exponent)
+    exponent = torch.where(mantissa >= 1, exponent + 1, torch.where(mantissa < 0.5, exponent - 1, exponent))
+    mantissa = magnitude * torch.pow(2.0, -exponent)
+    mantissa = torch.where(finite, torch.copysign(mantissa, x), x)
+    return mantissa, torch.where(finite, exponent, torch.zeros_like(exponent)).to(torch.int32)
