@@ -143,13 +143,13 @@ def _expected_gradients(expected, wrt: list, wanted: bool):
     return True, weights, torch.autograd.grad(outs, wrt, weights, allow_unused=True)
 
 
-def _eager_raises(fn, neuron_args) -> bool:
-    """Whether ``fn`` raises eagerly on neuron too: then the error is the call's (an argument ATen
-    wants on the CPU, say), and no compiler's."""
+def _raises(call) -> bool:
+    """Whether ``call()`` raises: a failing compiled call that raises eagerly on neuron too is the
+    call's error (an argument ATen wants on the CPU, say), and no compiler's."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fn(*neuron_args)
+            call()
     except Exception:  # noqa: BLE001 - only whether it raises matters
         return True
     return False
@@ -158,8 +158,6 @@ def _eager_raises(fn, neuron_args) -> bool:
 def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
     """``fn(*args)`` eager on CPU, then compiled (xla) on neuron; with ``backward``, the gradients of
     sum(out_i * w_i) too."""
-    from torch_neuronx.neuron_dynamo_backend import reset_dynamo_metrics
-
     torch.manual_seed(0)
     try:
         expected = fn(*cpu_args)
@@ -167,26 +165,37 @@ def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
         return {"status": "eager-raises"}
     wrt = [a for a in cpu_args if isinstance(a, torch.Tensor) and a.requires_grad]
     backward, weights, expected_grads = _expected_gradients(expected, wrt, backward)
+    neuron_args = [_to(a, N) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    return _outcome(lambda: torch.compile(fn, backend="neuron", options=OPTIONS, dynamic=False)(*neuron_args),
+                    lambda: [a for a in neuron_args if isinstance(a, torch.Tensor) and a.requires_grad],
+                    expected, (backward, weights, expected_grads), random,
+                    no_graph=lambda: _no_graph(fn, None, cpu_args), eager_on_neuron=lambda: fn(*neuron_args))
+
+
+def _outcome(compiled_call, wrt, expected, gradients, random: bool, no_graph, eager_on_neuron=None) -> dict:
+    """Run ``compiled_call`` on neuron and compare with eager's ``expected`` (and, when ``gradients``
+    says so, the gradients with respect to ``wrt()``); a failure classified."""
+    from torch_neuronx.neuron_dynamo_backend import reset_dynamo_metrics
+
+    backward, weights, expected_grads = gradients
     torch._dynamo.reset()
     reset_dynamo_metrics()
-    neuron_args = [_to(a, N) if isinstance(a, torch.Tensor) else a for a in cpu_args]
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
-            got = torch.compile(fn, backend="neuron", options=OPTIONS, dynamic=False)(*neuron_args)
+            got = compiled_call()
             if _graphs() == 0:
-                return _no_graph(fn, None, cpu_args)
+                return no_graph()
             problem = _compare(got, expected, random)
             if problem is None and backward:
                 g_outs = [o for o in _flatten(got) if o.requires_grad]
-                g_wrt = [a for a in neuron_args if isinstance(a, torch.Tensor) and a.requires_grad]
-                grads = torch.autograd.grad(g_outs, g_wrt, [w.to(N) for w in weights], allow_unused=True)
+                grads = torch.autograd.grad(g_outs, wrt(), [w.to(N) for w in weights], allow_unused=True)
                 problem = _compare(list(grads), list(expected_grads), random)
                 problem = problem and f"gradient {problem}"
     except Exception as error:  # noqa: BLE001 - classified
-        if _eager_raises(fn, neuron_args):
+        if eager_on_neuron is not None and _raises(eager_on_neuron):
             return {"status": "device-eager-raises", "detail": f"{type(error).__name__}, eager too"}
         status, detail = _classify(error)
         return {"status": status, "detail": detail, "seconds": time.perf_counter() - start}
@@ -264,10 +273,6 @@ def module_case(info, training: bool) -> dict:
             args, kw = _replace(structure, iter(tensors[len(params):]))
             return self.module(*args, **kw)
 
-    def make(device):
-        module = copy.deepcopy(cpu_module).to(device)
-        return module
-
     cpu_call = Call(cpu_module)
 
     def fn(*tensors):  # eager on CPU: the parameters are the module's own
@@ -280,35 +285,14 @@ def module_case(info, training: bool) -> dict:
         return {"status": "eager-raises"}
     backward, weights, expected_grads = _expected_gradients(expected, params + [t for t in leaves if t.requires_grad],
                                                             training)
-    from torch_neuronx.neuron_dynamo_backend import reset_dynamo_metrics
-
-    torch._dynamo.reset()
-    reset_dynamo_metrics()
-    neuron_module = make(N)
+    neuron_module = copy.deepcopy(cpu_module).to(N)
     neuron_leaves = [_to(t, N) for t in leaves]
-    start = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.manual_seed(0)
-            got = torch.compile(neuron_module, backend="neuron", options=OPTIONS, dynamic=False)(
-                *_replace(fwd.args, iter(neuron_leaves[:len(_flatten(fwd.args))])),
-                **_replace(fwd.kwargs, iter(neuron_leaves[len(_flatten(fwd.args)):])))
-            if _graphs() == 0:
-                return _no_graph(cpu_module, fwd)
-            problem = _compare(got, expected, random)
-            if problem is None and backward:
-                g_outs = [o for o in _flatten(got) if o.requires_grad]
-                g_wrt = list(neuron_module.parameters()) + [t for t in neuron_leaves if t.requires_grad]
-                grads = torch.autograd.grad(g_outs, g_wrt, [w.to(N) for w in weights], allow_unused=True)
-                problem = _compare(list(grads), list(expected_grads), random)
-                problem = problem and f"gradient {problem}"
-    except Exception as error:  # noqa: BLE001
-        status, detail = _classify(error)
-        return {"status": status, "detail": detail, "seconds": time.perf_counter() - start}
-    if problem is not None:
-        return {"status": "mismatch", "detail": problem, "seconds": time.perf_counter() - start}
-    return {"status": "pass", "graphs": _graphs(), "seconds": time.perf_counter() - start}
+    arg_count = len(_flatten(fwd.args))
+    return _outcome(lambda: torch.compile(neuron_module, backend="neuron", options=OPTIONS, dynamic=False)(
+                        *_replace(fwd.args, iter(neuron_leaves[:arg_count])),
+                        **_replace(fwd.kwargs, iter(neuron_leaves[arg_count:]))),
+                    lambda: list(neuron_module.parameters()) + [t for t in neuron_leaves if t.requires_grad],
+                    expected, (backward, weights, expected_grads), random, no_graph=lambda: _no_graph(cpu_module, fwd))
 
 
 def run(op_names=None, module_names=None, progress=True, shard=(0, 1), save=None) -> dict:
