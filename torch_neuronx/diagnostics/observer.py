@@ -70,13 +70,22 @@ class CompiledGraph:
     error: str = ""
     stablehlo_ops: Counter = field(default_factory=Counter)  # by kind, over its forward/backward parts
     lowering_s: float = 0.0
-    lowering: str = "not lowered"  # "lowered", "failed", or why it was not checked
     # Each graph AOTAutograd made of it (forward, backward, inference): "lowered" or "failed: op (stage)".
     parts: dict[str, str] = field(default_factory=dict)
+    not_checked: str = ""  # why the lowering could not be checked, when it could not
 
     @property
     def kind(self) -> str | None:
         return " + ".join(self.parts) or None
+
+    @property
+    def lowering(self) -> str:
+        """"failed" when any part failed, "lowered" when every part lowered, else why it was not checked."""
+        if any(part.startswith("failed") for part in self.parts.values()):
+            return "failed"
+        if self.parts:
+            return "lowered"
+        return f"not checked: {self.not_checked}"[:300] if self.not_checked else "not lowered"
 
 
 class Collector:
@@ -376,10 +385,8 @@ def record_lowering(name: str, result: Any, seconds: float, kind: str = "graph")
             graph.parts[kind] = "lowered"
         elif failed:
             graph.parts[kind] = f"failed: {result.op} ({result.stage})"
-        if counts is not None or failed:
-            graph.lowering = "failed" if any(p.startswith("failed") for p in graph.parts.values()) else "lowered"
         else:
-            graph.lowering = f"not checked: {result}"[:300]
+            graph.not_checked = str(result)
     if failed:
         site = result.site or f"{findings.user_site()[0]} (compiled)"
         collector.detector.add("stablehlo-lowering", result.op, site,

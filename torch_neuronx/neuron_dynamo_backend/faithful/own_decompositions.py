@@ -26,21 +26,24 @@ def _strided_positions(size, stride, offset: int, device) -> torch.Tensor:
     return position.expand(list(size))
 
 
+def _view_positions(x, size, stride, storage_offset):
+    """The positions in ``x`` (contiguous) flattened that ``as_strided(size, stride, storage_offset)`` reads."""
+    offset = (x.storage_offset() if storage_offset is None else storage_offset) - x.storage_offset()
+    return _strided_positions(size, stride, offset, x.device)
+
+
 def as_strided(x, size, stride, storage_offset=None):
     """A view of ``x``'s storage as a gather of the positions the view reads."""
     if not x.is_contiguous():
         return NotImplemented
-    offset = (x.storage_offset() if storage_offset is None else storage_offset) - x.storage_offset()
-    positions = _strided_positions(size, stride, offset, x.device)
-    return x.reshape(-1)[positions]
+    return x.reshape(-1)[_view_positions(x, size, stride, storage_offset)]
 
 
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     """``x`` with the positions a strided view reads replaced by ``src``."""
     if not x.is_contiguous():
         return NotImplemented
-    offset = (x.storage_offset() if storage_offset is None else storage_offset) - x.storage_offset()
-    positions = _strided_positions(size, stride, offset, x.device).reshape(-1)
+    positions = _view_positions(x, size, stride, storage_offset).reshape(-1)
     return x.reshape(-1).scatter(0, positions, src.reshape(-1).to(x.dtype)).view(x.shape)
 
 
