@@ -23,6 +23,7 @@ import functools
 import torch
 
 from torch_neuronx.neuron_dynamo_backend.faithful import own_decompositions as own
+from torch_neuronx.neuron_dynamo_backend.faithful.special_functions import SPECIAL_FUNCTIONS
 
 aten = torch.ops.aten
 
@@ -77,7 +78,7 @@ PRIVATE_PIPELINE_STAND_INS = (
     "log_sigmoid_backward", "nll_loss2d_forward", "nll_loss2d_backward", "glu_backward", "hardtanh_backward",
     "_prelu_kernel", "_prelu_kernel_backward", "unsafe_split.Tensor", "reflection_pad1d_backward",
     "reflection_pad2d_backward", "reflection_pad3d_backward", "addmv", "vdot", "block_diag", "cumprod",
-    "diag_embed", "diagonal_copy", "alias_copy", "expand_copy", "i0",
+    "diag_embed", "diagonal_copy", "alias_copy", "expand_copy",
     "complex", "index_fill", "std_mean.correction", "linspace.Tensor_Tensor", "logspace",
     "isin", "slice_scatter",
     # torch's composite definitions of ops outside the core ATen opset, and copying views
@@ -223,4 +224,4 @@ def decomposition_table() -> dict:
     from torch._decomp import get_decompositions
 
     return {**foreach_as_loops(), **get_decompositions(_overloads((*STOCK_DECOMPOSITIONS, *PRIVATE_PIPELINE_STAND_INS))),
-            **PRIVATE_PIPELINE_OWN, **TORCHNEURON_DECOMPOSITIONS}
+            **SPECIAL_FUNCTIONS, **PRIVATE_PIPELINE_OWN, **TORCHNEURON_DECOMPOSITIONS}

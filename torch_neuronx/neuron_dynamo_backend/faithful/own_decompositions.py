@@ -691,7 +691,7 @@ def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=
     if sorter is not None:
         sorted_sequence = sorted_sequence.gather(-1, sorter)
     right = right or side == "right"
-    values = values if isinstance(values, torch.Tensor) else torch.tensor(values, device=sorted_sequence.device)
+    values = values if isinstance(values, torch.Tensor) else torch.full((), values, device=sorted_sequence.device)
     if sorted_sequence.dim() == 1:
         row = sorted_sequence.view([1] * values.dim() + [-1])
     else:
