@@ -181,6 +181,30 @@ def test_float64_computes_as_float32_under_xla_and_as_float64_under_inductor(mon
     assert torch.equal(faithful.cpu(), torch.zeros(3, dtype=torch.float64))
 
 
+# ---- comparisons of unsigned and boolean tensors ---------------------------------------------------
+def test_unsigned_and_boolean_comparisons_order_as_on_cpu(monkeypatch):
+    """torch-mlir marks them SIGNED (200 as a ui8 would be below 100); the executor runs them unsigned."""
+    def compare(pixels, mask):
+        return (pixels < 100), (pixels >= 128) == mask, mask > (pixels == 5)
+
+    pixels = torch.tensor([1, 5, 200, 100, 255], dtype=torch.uint8)
+    mask = torch.tensor([True, False, True, False, True])
+    expected = compare(pixels, mask)
+    got = compile_xla(compare, "option", monkeypatch)(pixels.to(N), mask.to(N))
+    for g, e in zip(got, expected):
+        assert torch.equal(g.cpu(), e)
+
+
+def test_special_functions_with_a_scalar_argument_compute_as_on_cpu(monkeypatch):
+    def special(q):
+        return torch.special.zeta(2.0, q), torch.special.zeta(q + 1, 3.0), torch.lgamma(q) + torch.digamma(q)
+
+    q = torch.rand(5, generator=torch.Generator().manual_seed(0)) + 0.5
+    got = compile_xla(special, "option", monkeypatch)(q.to(N))
+    for g, e in zip(got, special(q)):
+        assert_same(g, e, **FLOAT32)
+
+
 # ---- an op that does not lower ------------------------------------------------------------------
 def rfft_site_and_function():
     def spectrum(x):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 from typing import Callable, Sequence
 
@@ -98,10 +99,20 @@ def _compact(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
+# torch-mlir marks every integer comparison SIGNED, unsigned and boolean operands included; XLA's
+# verifier refuses that, and a signed reading would order 200 (ui8) below 100.
+_SIGNED_COMPARE_OF_UNSIGNED = re.compile(r"(?<!UN)SIGNED(\s*:\s*\(tensor<(?:\d+x)*(?:ui\d+|i1)>)")
+
+
+def unsigned_comparisons(stablehlo: str) -> str:
+    """``stablehlo`` with comparisons of unsigned and boolean tensors marked UNSIGNED, as they mean."""
+    return _SIGNED_COMPARE_OF_UNSIGNED.sub(r"UNSIGNED\1", stablehlo)
+
+
 def compile_program(stablehlo: str, input_dtypes: list[torch.dtype], output_dtypes: list[torch.dtype]) -> XlaProgram:
     require_jax()
     client = _client()
-    executable = client.compile_and_load(stablehlo, client.devices()[:1], _compile_options())
+    executable = client.compile_and_load(unsigned_comparisons(stablehlo), client.devices()[:1], _compile_options())
     return XlaProgram(executable, input_dtypes, output_dtypes)
 
 
