@@ -54,6 +54,16 @@ def test_tables_count_only_the_compilers_cases_and_give_each_failure_its_reason(
     assert "| g backward | mismatch | d | ours to fix |" in text
 
 
+def test_a_failure_takes_the_reason_of_its_longest_listed_prefix():
+    results = {"modules": {}, "ops": {"nn.f.pad.circular forward": {"status": "lowering", "detail": "x"},
+                                      "nn.f.pad.reflect forward": {"status": "lowering", "detail": "x"},
+                                      "nn.g forward": {"status": "lowering", "detail": "x"}}}
+    text = xla_sweep.markdown(results, {"nn.f.pad.circular": "empty", "nn.f": "f's", "nn": "any nn"},
+                              {"lowering": "default"})
+    assert "| nn.f.pad.circular forward | lowering | x | empty |" in text
+    assert "| nn.f.pad.reflect forward | lowering | x | f's |" in text and "| nn.g forward | lowering | x | any nn |" in text
+
+
 def test_tables_name_no_path_of_this_machine():
     import os
 

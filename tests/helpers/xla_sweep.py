@@ -165,7 +165,10 @@ def run_compiled(fn, cpu_args: list, backward: bool, random: bool) -> dict:
         return {"status": "eager-raises"}
     wrt = [a for a in cpu_args if isinstance(a, torch.Tensor) and a.requires_grad]
     backward, weights, expected_grads = _expected_gradients(expected, wrt, backward)
-    neuron_args = [_to(a, N) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    try:
+        neuron_args = [_to(a, N) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    except Exception as error:  # noqa: BLE001 - a layout neuron refuses (sparse), eager too
+        return {"status": "device-eager-raises", "detail": f"its inputs cannot be on neuron: {type(error).__name__}"}
     return _outcome(lambda: torch.compile(fn, backend="neuron", options=OPTIONS, dynamic=False)(*neuron_args),
                     lambda: [a for a in neuron_args if isinstance(a, torch.Tensor) and a.requires_grad],
                     expected, (backward, weights, expected_grads), random,
@@ -340,6 +343,16 @@ def _portable(text: str) -> str:
     return text.replace(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/", "")
 
 
+def _reason(name: str, status: str, reasons: dict[str, str], default: dict[str, str]) -> str:
+    """The reason for ``name`` or for its longest dotted prefix listed (nn.functional.pad.circular,
+    nn.functional.pad, ...), else the status's default."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in reasons:
+            return reasons[".".join(parts[:end])]
+    return default.get(status, "not classified")
+
+
 def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) -> str:
     """The sweep as docs/xla-sweep.md: totals, then every failing case with its detail and, from
     ``reasons`` (keyed by the op or module name), whether TorchNeuron would fail it too."""
@@ -373,7 +386,7 @@ def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) ->
         lines += ["| case | status | detail | on Trainium |", "|---|---|---|---|"]
         for name, case in sorted(failing.items()):
             base = name.rsplit(" ", 1)[0]
-            reason = reasons.get(base, reasons.get(base.split(".")[0], default.get(case["status"], "not classified")))
+            reason = _reason(base, case["status"], reasons, default)
             detail = _portable(case.get("detail", "")).replace("|", "\\|")
             lines.append(f"| {name} | {case['status']} | {detail} | {reason} |")
     return "\n".join(lines) + "\n"
