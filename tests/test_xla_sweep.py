@@ -52,6 +52,7 @@ def test_tables_count_only_the_compilers_cases_and_give_each_failure_its_reason(
     assert "ModuleInfo cases: **1 of 2 pass (50.0%)**" in text and "OpInfo ops: **1 of 2 pass (50.0%)**" in text
     assert "| nn.B train | lowering | aten.x (stablehlo) | because |" in text
     assert "| g backward | mismatch | d | ours to fix |" in text
+    assert "of the 1 that do not, 0 fail on Trainium too" in text and text.count("1 are ours") == 2
 
 
 def test_a_failure_takes_the_reason_of_its_longest_listed_prefix():

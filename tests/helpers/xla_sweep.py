@@ -362,8 +362,10 @@ def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) ->
              "decompositions, torch-mlir, StableHLO, XLA:CPU), forward, and backward where it has one,",
              "against CPU eager within float32 tolerance. OpInfo: each op's first float32 sample.",
              "ModuleInfo: each module's first input, in training (forward and backward) and in eval mode.",
-             "Cases that are not the compiler's are not counted: eager raises on CPU, no sample, no",
-             "backward, or Dynamo compiles no graph for them on CPU either.", ""]
+             "Cases that are not the compiler's are not counted: eager raises on CPU (or on neuron too,",
+             "or neuron refuses the inputs), no sample, no backward, or Dynamo compiles no graph for them",
+             "on CPU either. Which ops TorchNeuron's private pipeline is taken to lower, and why:",
+             "[compiled-coverage.md](compiled-coverage.md).", ""]
     for kind, title in (("modules", "ModuleInfo cases"), ("ops", "OpInfo ops")):
         cases = results[kind]
         if kind == "ops":  # an op passes when both its directions do
@@ -377,6 +379,13 @@ def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) ->
             passed, counted = summary(cases)
         if counted:
             lines.append(f"- {title}: **{passed} of {counted} pass ({100 * passed / counted:.1f}%)**")
+        failing = {n.rsplit(" ", 1)[0] if kind == "ops" else n: c for n, c in sorted(cases.items())
+                   if c["status"] not in ("pass", *NOT_COUNTED)}
+        shared = sum(_reason(n.rsplit(" ", 1)[0] if kind == "modules" else n, c["status"], reasons,
+                             default).startswith("fails on Trainium too") for n, c in failing.items())
+        if failing:
+            lines.append(f"  - of the {len(failing)} that do not, {shared} fail on Trainium too (by TorchNeuron's "
+                         f"own source and the lowering it uses: reasons below), {len(failing) - shared} are ours")
     for kind, title in (("modules", "ModuleInfo"), ("ops", "OpInfo")):
         failing = {n: c for n, c in results[kind].items() if c["status"] not in ("pass", *NOT_COUNTED)}
         lines += ["", f"## {title}: what does not pass", ""]
