@@ -694,3 +694,47 @@ def test_a_custom_op_crosses_to_the_worker_which_imports_its_module():
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert "neuron_test.scaled.default" in proc.stdout.decode()
+
+
+# ---- attention dispatches as on a NeuronCore -------------------------------------------------------
+def test_sdpa_on_4d_tensors_takes_torchneurons_fused_op_and_3d_the_math_backend():
+    """TorchNeuron's backend choice for PrivateUse1 picks the fused overrideable op for 4-D query, key
+    and value (its decomposition is what lowers), and math otherwise."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import attention_as_math, attention_as_on_neuron
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    for shape, fused in (((1, 2, 6, 4), True), ((2, 6, 4), False)):
+        graph = attention_as_on_neuron(torch.fx.symbolic_trace(Attend()))
+        with attention_as_math():
+            traced = make_fx(graph, tracing_mode="fake")(*[torch.randn(shape, device=N) for _ in range(3)])
+        ops = {str(n.target) for n in traced.graph.nodes if n.op == "call_function"}
+        assert ("aten._scaled_dot_product_fused_attention_overrideable.default" in ops) == fused, ops
+
+
+@pytest.mark.parametrize("case", ["causal", "bool-mask", "float-mask", "gqa"])
+def test_attention_trains_under_xla_like_cpu(case, monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 6, 8, generator=gen)
+    kv_heads = 2 if case == "gqa" else 4
+    k, v = (torch.randn(2, kv_heads, 7, 8, generator=gen) for _ in range(2))
+    mask = {"bool-mask": torch.rand(6, 7, generator=gen) > 0.3, "float-mask": torch.randn(6, 7, generator=gen)}.get(case)
+    mask = mask if mask is None or case != "bool-mask" else mask | torch.eye(6, 7, dtype=torch.bool)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.device),
+                                              is_causal=case == "causal", enable_gqa=case == "gqa")
+
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = attend(*cpu)
+    expected.sum().backward()
+    neuron = [t.to(N).requires_grad_() for t in (q, k, v)]
+    got = compile_xla(attend, "option", monkeypatch)(*neuron)
+    got.sum().backward()
+    assert_same(got, expected, **FLOAT32)
+    for g, e in zip(neuron, cpu):
+        assert_same(g.grad, e.grad, **FLOAT32)

@@ -20,7 +20,11 @@ import torch
 from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend.faithful import artifacts, lowering, lowering_worker, xla_program
-from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import attention_as_math, decomposition_table
+from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import (
+    attention_as_math,
+    attention_as_on_neuron,
+    decomposition_table,
+)
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
 from torch_neuronx.version import __version__
@@ -208,7 +212,8 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
     # TorchNeuron hands AOTAutograd one compiler for every graph; each is named by its kind here.
     compilers = {kind: _outside_dynamo(functools.partial(compile_one, kind=kind)) for kind in GRAPH_KINDS}
     with attention_as_math():
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compilers["forward"],
+        return aot_module_simplified(attention_as_on_neuron(copy_graph(gm)), example_inputs,
+                                     fw_compiler=compilers["forward"],
                                      bw_compiler=compilers["backward"], inference_compiler=compilers["inference"],
                                      decompositions=decomposition_table(), keep_inference_input_mutations=True)
 
@@ -229,7 +234,8 @@ def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: Comp
 
     compilers = {kind: functools.partial(lower_one, kind=kind) for kind in GRAPH_KINDS}
     with attention_as_math(), torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-        aot_module_simplified(gm, example_inputs, fw_compiler=compilers["forward"], bw_compiler=compilers["backward"],
+        aot_module_simplified(attention_as_on_neuron(copy_graph(gm)), example_inputs,
+                              fw_compiler=compilers["forward"], bw_compiler=compilers["backward"],
                               inference_compiler=compilers["inference"], decompositions=decomposition_table(),
                               keep_inference_input_mutations=True)
 

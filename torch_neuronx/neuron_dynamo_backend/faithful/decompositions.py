@@ -145,14 +145,36 @@ PRIVATE_PIPELINE_OWN = {
 
 @contextlib.contextmanager
 def attention_as_math():
-    """Attention as TorchNeuron lowers it (its own decomposition of PrivateUse1's fused attention,
-    without its NKI kernels): matmuls and a softmax. The graph here is traced for CPU, where SDPA
-    would pick CPU's flash kernel, whose backward nothing lowers; SDPA's math backend is the same
-    decomposition, forward and backward."""
+    """SDPA's math backend, for the calls TorchNeuron does not send to its fused attention (see
+    :func:`attention_as_on_neuron`): traced for CPU, SDPA would pick CPU's flash kernel, whose
+    backward nothing lowers."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.MATH]):
         yield
+
+
+def _attention_on_neuron(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """SDPA as it dispatches on a NeuronCore: TorchNeuron's backend choice (its
+    ``_fused_sdp_choice`` for PrivateUse1) takes the fused overrideable op for 4-D query, key and
+    value, which its decomposition (ours: :func:`.own_decompositions.attention_forward`, and the
+    backward) turns into matmuls and a softmax by the log-sum-exp. With dropout, the math backend."""
+    if query.dim() == key.dim() == value.dim() == 4 and dropout_p == 0.0:
+        return aten._scaled_dot_product_fused_attention_overrideable(query, key, value, attn_mask, dropout_p,
+                                                                     is_causal, False, scale=scale)[0]
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                            scale=scale, enable_gqa=enable_gqa)
+
+
+def attention_as_on_neuron(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` (Dynamo's graph, modified in place) with each SDPA call made as on a NeuronCore."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (torch._C._nn.scaled_dot_product_attention,
+                                                          torch.nn.functional.scaled_dot_product_attention):
+            node.target = _attention_on_neuron
+    gm.recompile()
+    return gm
 
 
 # Foreach ops whose per-tensor op is not the op of the same name.
