@@ -520,28 +520,17 @@ def special_i1(x):
     return torch.where(torch.isinf(x), _NAN, torch.sign(x) * _bessel_i_scaled(1, ax) * torch.exp(ax))
 
 
-@_promotes
-def special_modified_bessel_k0(x):
-    """K_0(x) (see _bessel_k_scaled)."""
-    return _bessel_k_scaled(0, x, scaled=False)
+def _bessel_k(order: int, scaled: bool):
+    """K_order(x), times exp(x) when ``scaled`` (see _bessel_k_scaled)."""
+    def k(x):
+        return _bessel_k_scaled(order, x, scaled=scaled)
+
+    k.__name__ = f"special_{'scaled_' if scaled else ''}modified_bessel_k{order}"
+    return _promotes(k)
 
 
-@_promotes
-def special_modified_bessel_k1(x):
-    """K_1(x) (see _bessel_k_scaled)."""
-    return _bessel_k_scaled(1, x, scaled=False)
-
-
-@_promotes
-def special_scaled_modified_bessel_k0(x):
-    """exp(x) K_0(x) (see _bessel_k_scaled)."""
-    return _bessel_k_scaled(0, x, scaled=True)
-
-
-@_promotes
-def special_scaled_modified_bessel_k1(x):
-    """exp(x) K_1(x) (see _bessel_k_scaled)."""
-    return _bessel_k_scaled(1, x, scaled=True)
+special_modified_bessel_k0, special_modified_bessel_k1 = _bessel_k(0, False), _bessel_k(1, False)
+special_scaled_modified_bessel_k0, special_scaled_modified_bessel_k1 = _bessel_k(0, True), _bessel_k(1, True)
 
 
 def _bessel_jy(nu: int, x, kind: str):
