@@ -79,7 +79,7 @@ PRIVATE_PIPELINE_STAND_INS = (
     "_prelu_kernel", "_prelu_kernel_backward", "unsafe_split.Tensor", "reflection_pad1d_backward",
     "reflection_pad2d_backward", "reflection_pad3d_backward", "addmv", "vdot", "block_diag", "cumprod",
     "diag_embed", "diagonal_copy", "alias_copy", "expand_copy",
-    "complex", "index_fill", "std_mean.correction", "linspace.Tensor_Tensor", "logspace",
+    "index_fill", "std_mean.correction", "linspace.Tensor_Tensor", "logspace",
     "isin", "slice_scatter",
     # torch's composite definitions of ops outside the core ATen opset, and copying views
     "rsub", "_batch_norm_with_update_functional", "_chunk_cat", "_upsample_bilinear2d_aa", "as_strided_copy",
