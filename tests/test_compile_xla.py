@@ -738,3 +738,19 @@ def test_attention_trains_under_xla_like_cpu(case, monkeypatch):
     assert_same(got, expected, **FLOAT32)
     for g, e in zip(neuron, cpu):
         assert_same(g.grad, e.grad, **FLOAT32)
+
+
+def test_a_constant_compared_with_an_integer_lowers_to_the_right_truth_value():
+    """torch-mlir folds `full(2.0) < 1` to a truth value that changes from one process to the next;
+    the integer goes in as the float it is compared as, which it folds right."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def guarded(q):
+        two = torch.full((), 2.0)
+        return torch.where(two < 1, float("nan"), q), torch.where(two > 3, float("inf"), q + 1)
+
+    graph = make_fx(guarded)(torch.rand(5))
+    lowered = lowering.lower(graph)
+    comparisons = [n for n in graph.graph.nodes if n.target in (torch.ops.aten.lt.Scalar, torch.ops.aten.gt.Scalar)]
+    assert comparisons and all(type(n.args[1]) is float for n in comparisons)
+    assert "0x7FC00000" not in lowered.stablehlo and "0x7F800000" not in lowered.stablehlo, lowered.stablehlo

@@ -141,6 +141,22 @@ def _count_ops(module) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _float_comparison_scalars(gm: torch.fx.GraphModule) -> None:
+    """An integer compared with a floating tensor, as the float it is compared as (what PyTorch does):
+    torch-mlir (20261001) folds such a comparison of a constant tensor to a random truth value from
+    one process to the next (``full(2.0) < 1`` true), and with a float it folds right."""
+    aten = torch.ops.aten
+    comparisons = {aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar, aten.eq.Scalar, aten.ne.Scalar}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in comparisons or len(node.args) < 2:
+            continue
+        tensor, scalar = node.args[0], node.args[1]
+        value = tensor.meta.get("val") if isinstance(tensor, torch.fx.Node) else None
+        if (isinstance(scalar, int) and not isinstance(scalar, bool) and isinstance(value, torch.Tensor)
+                and value.dtype.is_floating_point):
+            node.args = (tensor, float(scalar), *node.args[2:])
+
+
 def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
     """Lower ``gm`` (an FX graph of aten ops on fake or real tensors, with ``val`` metadata) to
     StableHLO, TorchNeuron's way. Raises LoweringError for an op that does not lower."""
@@ -161,6 +177,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "main") -> LoweredGraph:
         return True
 
     handler = context.attach_diagnostic_handler(collect)
+    _float_comparison_scalars(gm)
     try:
         module = _import(gm, name, context)
         with context, ir.Location.unknown():

@@ -183,8 +183,6 @@ def special_zeta(x, q):
     """Hurwitz zeta(x, q) (Euler-Maclaurin summation; negative q, where torch requires an integer
     x, is summed directly up to q = -16)."""
     x, q = _as_float(x, q)
-    # both full-sized: a 0-d x (zeta(2.0, q)) came out NaN through torch-mlir and XLA (cause not found)
-    x, q = x + torch.zeros_like(q), q + torch.zeros_like(x)
     s_safe = torch.where((x > 1) & ~torch.isinf(x), x, 2.0)
     q_safe = torch.where((q <= 0) & _is_int(q) | torch.isinf(q), 1.0, q)
     return _zeta_domain(x, q, _hurwitz_zeta(s_safe, q_safe, negative_shift=16))
