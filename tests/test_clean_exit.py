@@ -70,6 +70,7 @@ def _run(kind: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_short_neuron_processes_always_exit_zero(tmp_path):
     # One Inductor/NEFF cache for the compiled runs: the first compiles, the second loads.
     env = environment(TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"),

@@ -542,6 +542,7 @@ def test_a_compiler_crash_is_a_finding_while_the_report_observes(tmp_path):
     assert f"<string>:{COMPLEX_CAST_LINE}" in rows[0].splitlines()[-1], rows[0][-500:]
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 @pytest.mark.parametrize("fallback", ["1", "0"])
 def test_a_compiler_crash_under_xla_is_a_compilation_error(fallback, tmp_path):
     proc = isolated.run(COMPLEX_CAST, TORCH_NEURONX_COMPILE_EXECUTOR="xla",

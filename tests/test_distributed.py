@@ -97,6 +97,7 @@ def test_dtensor_tensor_parallel_ddp_and_fsdp2_equal_one_cpu_process(tmp_path, r
     assert torchrun("parallel_training.py", ranks, tmp_path) == [f"{rank} 23" for rank in range(ranks)]
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 @pytest.mark.parametrize("ranks, compiled", [(2, True), (4, False)])
 def test_diffusers_tensor_parallel_both_paths_equal_the_unsharded_model(tmp_path, ranks, compiled):
     results = tmp_path / "results"

@@ -21,6 +21,7 @@ def cpu_image():
     return seed_examples.cpu_image()
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_compiled_program_draws_what_eager_draws(tmp_path, cpu_image, neff_cache):
     image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
@@ -33,6 +34,7 @@ def test_compiled_program_draws_what_eager_draws_as_torchneuron_lowers_it(tmp_pa
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_path, neff_cache):
     report = tmp_path / "phases.json"
     r = program(["-m", "torch_neuronx.demo", *SIZE, "--steps", "2", "--output", str(tmp_path / "out.png"),
