@@ -827,6 +827,44 @@ def _p_norm_gradient(diff, distance, p):
     return gradient * (distance != 0).unsqueeze(-1)
 
 
+def cdist_backward(grad, x1, x2, p, distances):
+    """x1's gradient: each pair's gradient times d ||x1_i - x2_j||_p / d x1_i, summed over j."""
+    each = grad.unsqueeze(-1) * _p_norm_gradient(x1.unsqueeze(-2) - x2.unsqueeze(-3), distances, p)
+    return each.sum(-2)
+
+
+def _cumulative_extreme(x, dim, largest: bool):
+    """Running max (or min) along ``dim`` and where it was last reached: every prefix compared at
+    once (position j counts for i when j <= i)."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    moved = x.movedim(dim, -1)
+    size = moved.shape[-1]
+    position = torch.arange(size, device=x.device)
+    before = position.unsqueeze(0) <= position.unsqueeze(1)  # (i, j): j <= i
+    pairs = moved.unsqueeze(-2).expand(*moved.shape[:-1], size, size)
+    fill = -math.inf if largest else math.inf
+    if not x.dtype.is_floating_point:
+        info = torch.iinfo(x.dtype)
+        fill = info.min if largest else info.max
+    masked = torch.where(before, pairs, fill)
+    values = masked.amax(-1) if largest else masked.amin(-1)
+    if x.dtype.is_floating_point:  # a NaN reached stays the running value, as in torch
+        nan_seen = torch.cumsum(torch.isnan(moved).to(torch.int64), -1) > 0
+        values = torch.where(nan_seen, math.nan, values)
+    hit = before & ((pairs == values.unsqueeze(-1)) | (torch.isnan(pairs) & torch.isnan(values.unsqueeze(-1))))
+    indices = torch.where(hit, position, -1).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def cummax(x, dim):
+    return _cumulative_extreme(x, dim, largest=True)
+
+
+def cummin(x, dim):
+    return _cumulative_extreme(x, dim, largest=False)
+
+
 def pdist_backward(grad, x, p, distances):
     """Each pair's gradient, +d/d(x_i) to its first row and -d/d(x_i) to its second."""
     rows = x.shape[0]
