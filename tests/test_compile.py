@@ -271,6 +271,7 @@ def test_gradients_through_a_compiled_graph_match_cpu_at_the_edges():
 PROGRAM_CALLING_THE_BACKEND = os.path.join(os.path.dirname(__file__), "programs", "compiled_calls_into_the_backend.py")
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 @pytest.mark.parametrize("executor", ["inductor", "xla"])
 def test_dynamo_never_traces_the_backends_own_python(executor, tmp_path):
     """Compiled functions that call backward, an optimizer step, a collective, torch.neuron's queries

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
 from helpers.isolated import run
 
@@ -63,6 +64,7 @@ def test_cold_then_warm_then_corrupt(tmp_path):
     assert healed["metrics"][0]["cache"] == "hit"
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_concurrent_compilers_share_one_entry(tmp_path):
     neff = tmp_path / "neff"
     env = {k: v for k, v in os.environ.items()
@@ -88,6 +90,7 @@ def test_unwritable_directory_warns_once_and_compiles(tmp_path):
     assert log.count("RuntimeWarning") == 1 and str(blocker) in log
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_disabled_cache_compiles_and_stores_nothing(tmp_path):
     # The variable's spellings are checked in test_compile_cache.py; this is the end-to-end effect.
     neff = tmp_path / "neff"
@@ -225,6 +228,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_package_of_a_module_is_refused_when_the_file_runs_as_a_script(tmp_path):
     # Installed into __main__, the package's code lacked the globals it names (NameError on the next
     # run), and checking its sources imported the script a second time.

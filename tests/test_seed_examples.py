@@ -36,6 +36,7 @@ def test_tensor_parallel_program_on_two_cores_draws_what_one_core_draws(tmp_path
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_main_job_relaunches_itself_under_torchrun_for_tensor_parallel(tmp_path):
     r = program(["-m", "torch_neuronx.demo", *SIZE, "--steps", "2", "--tp", "2", "--output",
                  str(tmp_path / "tp.png")], tmp_path)
