@@ -600,9 +600,9 @@ def _reduction_identity(reduce: str, dtype):
         return 0
     if reduce == "prod":
         return 1
-    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
-    low, high = (-math.inf, math.inf) if dtype.is_floating_point else (info.min, info.max)
-    return low if reduce == "amax" else high
+    if dtype.is_floating_point:
+        return -math.inf if reduce == "amax" else math.inf
+    return torch.iinfo(dtype).min if reduce == "amax" else torch.iinfo(dtype).max
 
 
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
@@ -804,10 +804,14 @@ def cdist(x1, x2, p, compute_mode=None):
     return _p_norm_last(x1.unsqueeze(-2) - x2.unsqueeze(-3), p)
 
 
+def _row_pairs(x):
+    """The rows (first, second) of each pair i < j of ``x``'s rows, in row-major order of the pairs."""
+    return torch.triu_indices(x.shape[0], x.shape[0], 1, device=x.device)
+
+
 def pdist(x, p=2):
     """The distances between each pair of rows i < j, in row-major order of the pairs."""
-    rows = x.shape[0]
-    first, second = torch.triu_indices(rows, rows, 1, device=x.device)
+    first, second = _row_pairs(x)
     return _p_norm_last(x[first] - x[second], p)
 
 
@@ -843,11 +847,7 @@ def _cumulative_extreme(x, dim, largest: bool):
     position = torch.arange(size, device=x.device)
     before = position.unsqueeze(0) <= position.unsqueeze(1)  # (i, j): j <= i
     pairs = moved.unsqueeze(-2).expand(*moved.shape[:-1], size, size)
-    fill = -math.inf if largest else math.inf
-    if not x.dtype.is_floating_point:
-        info = torch.iinfo(x.dtype)
-        fill = info.min if largest else info.max
-    masked = torch.where(before, pairs, fill)
+    masked = torch.where(before, pairs, _reduction_identity("amax" if largest else "amin", x.dtype))
     values = masked.amax(-1) if largest else masked.amin(-1)
     if x.dtype.is_floating_point:  # a NaN reached stays the running value, as in torch
         nan_seen = torch.cumsum(torch.isnan(moved).to(torch.int64), -1) > 0
@@ -867,8 +867,7 @@ def cummin(x, dim):
 
 def pdist_backward(grad, x, p, distances):
     """Each pair's gradient, +d/d(x_i) to its first row and -d/d(x_i) to its second."""
-    rows = x.shape[0]
-    first, second = torch.triu_indices(rows, rows, 1, device=x.device)
+    first, second = _row_pairs(x)
     each = grad.unsqueeze(-1) * _p_norm_gradient(x[first] - x[second], distances, p)
     return torch.zeros_like(x).index_add(0, first, each).index_add(0, second, -each)
 
