@@ -38,7 +38,8 @@ std::vector<at::Tensor> enter(at::TensorList inputs) {
     at::Tensor alias = frame->ctx.alias(t, /*cpu_ok=*/true);
     if (t.defined() && t.device().type() == kNeuron) {
       frame->inputs.emplace_back(t, alias);
-      frame->alias_versions.push_back(alias._version());
+      // Inference tensors have no version counter (and autograd never reads one).
+      frame->alias_versions.push_back(alias.is_inference() ? -1 : alias._version());
     }
     aliases.push_back(std::move(alias));
   }
@@ -55,6 +56,7 @@ std::vector<at::Tensor> exit(at::TensorList outputs) {
   // the neuron tensor as modified too.
   for (size_t i = 0; i < frame->inputs.size(); ++i) {
     const auto& [original, alias] = frame->inputs[i];
+    if (frame->alias_versions[i] < 0) continue;
     for (int64_t v = frame->alias_versions[i]; v < alias._version(); ++v) {
       original.unsafeGetTensorImpl()->bump_version();
     }

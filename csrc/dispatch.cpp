@@ -23,6 +23,20 @@ const char* layout_problem(const at::Tensor& t) {
 
 }  // namespace
 
+c10::DataPtr host_alias_data(c10::StorageImpl* neuron_storage) {
+  c10::raw::intrusive_ptr::incref(neuron_storage);
+  return c10::DataPtr(neuron_storage->mutable_data(), neuron_storage, &release_storage_ref,
+                      c10::Device(c10::DeviceType::CPU));
+}
+
+c10::StorageImpl* aliased_neuron_storage(const c10::Storage& cpu_storage) {
+  const c10::DataPtr& data = cpu_storage.data_ptr();
+  if (data.get_deleter() != &release_storage_ref) return nullptr;
+  auto* neuron_storage = static_cast<c10::StorageImpl*>(data.get_context());
+  // Still over the same bytes (an out= kernel may have grown the alias into new memory).
+  return neuron_storage->data() == data.get() ? neuron_storage : nullptr;
+}
+
 at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like) {
   c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   if (like._is_zerotensor()) keys = keys.add(c10::DispatchKey::ZeroTensor);
@@ -38,8 +52,7 @@ c10::Storage CallContext::alias_storage(const c10::Storage& s) {
   for (const auto& p : storages_) {
     if (p.neuron == impl) return p.alias;
   }
-  c10::raw::intrusive_ptr::incref(impl);
-  c10::DataPtr data(impl->mutable_data(), impl, &release_storage_ref, c10::Device(c10::DeviceType::CPU));
+  c10::DataPtr data = host_alias_data(impl);
   // Resizable with the CPU allocator: an out= kernel may grow it (see sync_mutated).
   c10::Storage alias(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), impl->nbytes(), std::move(data), c10::GetCPUAllocator(),
@@ -96,6 +109,11 @@ c10::Storage CallContext::neuron_storage_for(const c10::Storage& cpu_storage) {
   }
   for (const auto& p : adopted_) {
     if (p.cpu == impl) return p.neuron;
+  }
+  // The alias of an earlier call (a host route's input, a DLPack export): its bytes are that
+  // neuron storage's, not memory to adopt and count a second time.
+  if (c10::StorageImpl* neuron_storage = aliased_neuron_storage(cpu_storage)) {
+    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(neuron_storage));
   }
   c10::Storage adopted(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), cpu_storage.nbytes(), adopt_storage(cpu_storage, output_device()),

@@ -43,6 +43,10 @@ int64_t route_ops_to_fallback(const std::vector<std::string>& names);
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.
 at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like);
+// The DataPtr of a CPU alias of a neuron storage's bytes; it holds a reference on that storage.
+c10::DataPtr host_alias_data(c10::StorageImpl* neuron_storage);
+// The neuron storage whose bytes a CPU alias storage (made by host_alias_data) is over, or null.
+c10::StorageImpl* aliased_neuron_storage(const c10::Storage& cpu_storage);
 
 // One op call's worth of aliasing. Arguments sharing a storage share one alias
 // storage, so CPU overlap checks and view detection see what they would on CPU.

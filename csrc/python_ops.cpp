@@ -41,18 +41,13 @@ void set_memory_limit(int64_t index, int64_t limit) {
   memory_stats(checked_index(index)).limit.store(limit);
 }
 
-void release_storage(void* impl) {
-  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(impl));
-}
-
 // A CPU tensor over a neuron tensor's bytes, for DLPack (neuron memory is host
 // memory). Its storage holds a reference on the neuron storage, so an exported
 // capsule keeps the bytes alive after the neuron tensor is gone.
 at::Tensor host_alias(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kNeuron, "neuron::_host_alias expects a neuron tensor, got ", t.device());
   auto* impl = t.storage().unsafeGetStorageImpl();
-  c10::raw::intrusive_ptr::incref(impl);
-  c10::DataPtr data(impl->mutable_data(), impl, &release_storage, c10::Device(c10::DeviceType::CPU));
+  c10::DataPtr data = host_alias_data(impl);
   c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), impl->nbytes(),
                                                              std::move(data), nullptr, /*resizable=*/false));
   auto alias = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),

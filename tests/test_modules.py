@@ -34,12 +34,7 @@ N = "neuron"
 EXPECTED_FAILURES: dict[str, str] = {}
 
 # Where bit-identity is not expected: (rtol, atol), with the reason.
-TOLERANCES: dict[str, tuple[tuple[float, float], str]] = {
-    "nn.LSTM": ((1e-5, 1e-6), "CPU runs float32 LSTM with oneDNN by default, neuron runs CPU's generic path "
-                "(bit-identical to CPU under torch.backends.mkldnn.flags(enabled=False), tests/test_rnn.py)"),
-    "nn.GRUCell": ((1e-5, 1e-6), "ATen's device path for cells: our fused GRU cell's backward applies the chain "
-                   "rule in another order than autograd over CPU's unfused cell (the forward is bit-identical)"),
-}
+TOLERANCES: dict[str, tuple[tuple[float, float], str]] = {}
 
 # module_db makes FractionalMaxPool's `_random_samples` float64 whatever the dtype under test, which
 # CPU refuses for float32 inputs ("Expect _random_samples to have the same dtype as input"): they

@@ -1,11 +1,11 @@
 """nn.LSTM / nn.GRU / nn.RNN and their cells on neuron against CPU, forward and backward.
 
-Whole layers run CPU's generic path step for step (torch_neuronx/python_ops/recurrent.py), so they are
-bit-identical to CPU; except that CPU's default for float32/bfloat16 LSTM is oneDNN, which rounds
-differently: LSTM equals CPU bit for bit under torch.backends.mkldnn.flags(enabled=False), and to
-rounding otherwise. Cells take ATen's device path through the fused cells: float32 forwards are
-bit-identical, backwards (and bfloat16, where CPU's cell adds the bias inside the matmul and
-rounds once) agree to rounding.
+Layers and cells run CPU's own route on the same bytes (torch_neuronx/python_ops/host_route.py): the
+same kernels on the same shapes and strides as on CPU, so every result (forward, backward, double
+backward, with oneDNN on or off) is CPU's bit for bit on any CPU vendor and vector ISA. The fused
+cell ops, which CPU has no kernel for, are compared against the same formula run on CPU with the same
+shapes (forward: exact) and against autograd through it (backward: to rounding, the chain rule is
+applied in another order).
 """
 import pytest
 import torch
@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 N = "neuron"
 # bfloat16: a few units in the last place (2**-8 relative) where the order of operations differs.
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6)}
 
 
 def _run(module, x, h, device, mkldnn=True, packed_lengths=None):
@@ -49,13 +49,12 @@ def _compare(module_fn, x, h=None, dtype=torch.float32, packed_lengths=None):
     torch.manual_seed(0)
     module = module_fn().to(dtype)
     x, h = x.to(dtype), None if h is None else tuple(t.to(dtype) for t in h)
-    n_out, n_grads = _run(module, x, h, N, packed_lengths=packed_lengths)
     for mkldnn in (True, False):  # CPU's default (oneDNN for LSTM) and its generic path
+        n_out, n_grads = _run(module, x, h, N, mkldnn, packed_lengths)
         c_out, c_grads = _run(module, x, h, "cpu", mkldnn, packed_lengths)
-        one_dnn = mkldnn and isinstance(module, torch.nn.LSTM) and module.proj_size == 0
         for n, c in zip(n_out + n_grads, c_out + c_grads):
             assert n.dtype == c.dtype and n.shape == c.shape
-            torch.testing.assert_close(n, c, **(TOL[dtype] if one_dnn else EXACT))
+            torch.testing.assert_close(n, c, **EXACT)
 
 
 CONFIGS = [
@@ -132,11 +131,8 @@ def test_cells_match_cpu(bias, dtype):
             wrt = [xd, *(sd if isinstance(sd, tuple) else (sd,)), *m.parameters()]
             grads = torch.autograd.grad(outs, wrt, [torch.ones_like(o) * 0.5 for o in outs])
             results[device] = ([o.detach().cpu() for o in outs], [g.cpu() for g in grads])
-        exact = dict(rtol=0, atol=0) if dtype == torch.float32 else TOL[dtype]
-        for n, c in zip(results[N][0], results["cpu"][0]):
-            torch.testing.assert_close(n, c, **exact)
-        for n, c in zip(results[N][1], results["cpu"][1]):
-            torch.testing.assert_close(n, c, **TOL[dtype])
+        for n, c in zip(results[N][0] + results[N][1], results["cpu"][0] + results["cpu"][1]):
+            torch.testing.assert_close(n, c, **EXACT)
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
@@ -157,10 +153,10 @@ def test_double_backward_matches_cpu(kind):
         torch.testing.assert_close(n, c, **EXACT)
 
 
-@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell])
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
 def test_cell_double_backward_matches_cpu(cls):
-    """Under create_graph autograd differentiates the fused cells with the composite
-    _thnn_differentiable_*_cell_backward."""
+    """Under create_graph the backward's own graph is CPU's too: the host route's Functions
+    differentiate into each other."""
     torch.manual_seed(0)
     cell = cls(3, 4)
     x = torch.randn(2, 3)
@@ -174,20 +170,21 @@ def test_cell_double_backward_matches_cpu(cls):
         second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
         results.append([g.cpu() for g in (gx, *second)])
     for n, c in zip(results[1], results[0]):
-        torch.testing.assert_close(n, c, **TOL[torch.float32])
+        torch.testing.assert_close(n, c, **EXACT)
 
 
-def test_inference_mode_and_no_grad():
+@pytest.mark.parametrize("mkldnn", [True, False])
+def test_inference_mode_and_no_grad(mkldnn):
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(4, 6)
     x = torch.randn(5, 3, 4)
-    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=mkldnn):
         expected = lstm(x)[0]
-    lstm = lstm.to(N)
-    with torch.inference_mode():
-        got = lstm(x.to(N))[0]
-    torch.testing.assert_close(got.cpu(), expected, **EXACT)
-    with torch.no_grad():
+        lstm = lstm.to(N)
+        with torch.inference_mode():
+            got = lstm(x.to(N))[0]
+        assert got.device.type == N and got.is_inference()
+        torch.testing.assert_close(got.cpu(), expected, **EXACT)
         got = lstm(x.to(N))[0]
     torch.testing.assert_close(got.cpu(), expected, **EXACT)
 
@@ -252,3 +249,79 @@ def test_fused_cell_backward_kernels(bias):
         for g, e in zip(got, expected):
             assert g.device.type == N
             torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
+
+
+def test_dropout_draws_from_the_neuron_generator():
+    """The layer's dropout advances neuron's generator as CPU's run advances CPU's; CPU's own
+    generator is left as it was."""
+    gru = torch.nn.GRU(4, 6, num_layers=3, dropout=0.5)
+    x = torch.randn(5, 3, 4)
+    torch.manual_seed(7)
+    expected = gru(x)[0]
+    cpu_after = torch.get_rng_state()
+    torch.manual_seed(7)
+    cpu_before = torch.get_rng_state()
+    gru = gru.to(N)
+    got = gru(x.to(N))[0]
+    torch.testing.assert_close(got.cpu(), expected, **EXACT)
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+    assert torch.equal(torch.neuron.get_rng_state(), cpu_after)
+
+
+def test_results_are_neuron_memory_counted_once():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 16, num_layers=2).to(N)
+    x = torch.randn(7, 3, 8, device=N)
+    state = (torch.zeros(2, 3, 16, device=N), torch.zeros(2, 3, 16, device=N))
+    before = torch.neuron.memory_allocated()
+    out, (h, c) = lstm(x, state)
+    fresh = sum(t.untyped_storage().nbytes() for t in (out, h, c))
+    assert out.device.type == h.device.type == c.device.type == N
+    assert torch.neuron.memory_allocated() - before == fresh
+    del out, h, c
+    assert torch.neuron.memory_allocated() == before
+
+
+def test_arguments_on_another_device_are_refused():
+    gru = torch.nn.GRU(4, 6).to(N)
+    x = torch.randn(5, 3, 4, device=N)
+    with pytest.raises(RuntimeError, match="same device.*cpu.*neuron:0"):
+        gru(x, torch.zeros(1, 3, 6))  # the initial state left on the CPU
+    with pytest.raises(RuntimeError, match="same device.*cpu.*neuron:0"):
+        torch.nn.GRUCell(4, 6).to(N)(x[0], torch.zeros(3, 6))
+    if torch.neuron.device_count() > 1:
+        with pytest.raises(RuntimeError, match="same device.*neuron:0.*neuron:1"):
+            gru(x, torch.zeros(1, 3, 6, device="neuron:1"))
+
+
+def test_layer_on_a_second_device_stays_there():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("one neuron device in this topology")
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(4, 6)
+    x = torch.randn(5, 3, 4, requires_grad=True)
+    expected = gru(x)[0]
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    gru = gru.to("neuron:1")
+    xn = x.detach().to("neuron:1").requires_grad_(True)
+    got = gru(xn)[0]
+    (grad,) = torch.autograd.grad(got.sum(), xn)
+    assert got.device == grad.device == torch.device("neuron:1")
+    torch.testing.assert_close(got.cpu(), expected, **EXACT)
+    torch.testing.assert_close(grad.cpu(), expected_grad, **EXACT)
+
+
+def test_host_route_maps_views_of_arguments_back():
+    """A CPU result over an argument's bytes comes back as a view of that neuron storage: no new
+    memory is adopted or counted, and writes through it are seen by the argument."""
+    from torch_neuronx.python_ops.host_route import host_route
+
+    transpose = host_route(lambda t: t.t(), "transpose")
+    x = torch.arange(6.0, device=N).reshape(2, 3)
+    before = torch.neuron.memory_allocated()
+    y = transpose(x)
+    assert y.device.type == N and y.shape == (3, 2)
+    assert y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert torch.neuron.memory_allocated() == before
+    y[0, 1] = -1.0
+    assert x[1, 0].item() == -1.0

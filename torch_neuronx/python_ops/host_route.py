@@ -1,0 +1,113 @@
+"""CPU's own route for a composite op, run on the neuron tensors' bytes.
+
+Some composite ops (CompositeImplicitAutograd: the RNN layers and cells, the transformer encoder's
+fast path) choose their route by device: on CPU one sequence of kernels, on any other device
+another. The second rounds differently, and an imitation of the first written from neuron ops is
+exact only where every kernel happens to get the same shapes and strides as CPU's. So these ops run
+the CPU composite itself: the neuron arguments become CPU aliases of the same bytes (no copies),
+the op runs on them exactly as it would on CPU, and its results come back as neuron tensors (fresh
+memory adopted and counted, aliases mapped to the neuron storage they alias).
+
+Autograd crosses in both directions through two Functions, each of which differentiates to the
+other, so a backward (and a backward of a backward, under ``create_graph``) runs CPU's own graph.
+Random numbers come from the neuron device's generator, as for every other neuron op.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from torch_neuronx.runtime import BACKEND_NAME, ops
+
+
+def _aliases(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    aliases = ops._enter_compiled_call(tensors)
+    ops._exit_compiled_call([])
+    return list(aliases)
+
+
+def _adopted(cpu_tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    # The anchor gives the results their device; a result over an alias's bytes maps back to the
+    # neuron storage it aliases.
+    ops._enter_compiled_call([torch.empty(0, device=device)])
+    return list(ops._exit_compiled_call(cpu_tensors))
+
+
+class _IntoHost(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, device, *tensors):
+        ctx.device = device
+        return tuple(_aliases(list(tensors)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *_OutOfHost.apply(ctx.device, *grads))
+
+
+class _OutOfHost(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, device, *cpu_tensors):
+        ctx.set_materialize_grads(False)
+        return tuple(_adopted(list(cpu_tensors), device))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        present = [g for g in grads if g is not None]
+        aliases = iter(_IntoHost.apply(present[0].device, *present) if present else ())
+        return (None, *(None if g is None else next(aliases) for g in grads))
+
+
+def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        found = sorted(str(d) for d in devices)
+        raise RuntimeError(f"{op_name}: Expected all tensors to be on the same device, but found at least two "
+                           f"devices, {found[0]} and {found[1]}! Move every argument to one neuron device.")
+    return devices.pop()
+
+
+@contextlib.contextmanager
+def _neuron_generator_as_cpus(device: torch.device):
+    """CPU's default generator takes the neuron generator's state for the call and gives it back
+    (neuron's generator is CPU's kind), so random draws inside advance the neuron generator."""
+    neuron_generator = ops._default_generator(device.index)
+    cpu_generator = torch.default_generator
+    saved = cpu_generator.get_state()
+    cpu_generator.set_state(neuron_generator.get_state())
+    try:
+        yield
+    finally:
+        neuron_generator.set_state(cpu_generator.get_state())
+        cpu_generator.set_state(saved)
+
+
+def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (),
+               draws_random: Callable[..., bool] = lambda *args: False) -> Callable:
+    """A kernel for the composite ``op`` (named ``name`` in errors) that runs CPU's route on the
+    neuron arguments' bytes. ``cpu_arguments`` are the positions the op takes on the CPU on every
+    device (packed sequences' ``batch_sizes``); any other tensor must be on one neuron device.
+    ``draws_random(*args)`` says whether this call draws random numbers."""
+    def kernel(*args):
+        flat, spec = pytree.tree_flatten(list(args))
+        on_cpu = set()
+        for position in cpu_arguments:
+            on_cpu.update(id(leaf) for leaf in pytree.tree_leaves(args[position]))
+        places = [i for i, leaf in enumerate(flat) if isinstance(leaf, torch.Tensor) and id(leaf) not in on_cpu]
+        tensors = [flat[i] for i in places]
+        device = _device_of(name, tensors)
+        if device.type != BACKEND_NAME:
+            raise RuntimeError(f"{name}: the neuron kernel was given {device} tensors only")
+        for i, alias in zip(places, _IntoHost.apply(device, *tensors)):
+            flat[i] = alias
+        random = draws_random(*args)
+        with _neuron_generator_as_cpus(device) if random else contextlib.nullcontext():
+            result = op(*pytree.tree_unflatten(flat, spec))
+        results, result_spec = pytree.tree_flatten(result)
+        outputs = [i for i, leaf in enumerate(results) if isinstance(leaf, torch.Tensor)]
+        for i, adopted in zip(outputs, _OutOfHost.apply(device, *(results[i] for i in outputs))):
+            results[i] = adopted
+        return pytree.tree_unflatten(results, result_spec)
+    return kernel
