@@ -39,6 +39,38 @@ def sdpa_case(heads=4, kv_heads=4, causal=False, bias=None):
     return (q, k, v, bias, 0.0, causal), {"scale": 0.3}
 
 
+SEGMENT_REDUCTIONS = ("sum", "mean", "max", "min", "prod")
+# lengths and the same segments as offsets: empty segments, and (offsets) positions in none
+SEGMENT_BOUNDS = ({"lengths": idx(3, 0, 2, 1, 4)}, {"offsets": idx(0, 3, 3, 5, 6, 10)}, {"offsets": idx(1, 3, 3, 8)})
+
+
+def segment_data(dtype):
+    """Ten values with ties, zeros and a NaN (in the third segment)."""
+    data = torch.round(r(10, dtype=dtype) * 1.5)
+    data[4] = math.nan
+    return data
+
+
+def segment_reduce_forwards():
+    """Segment reductions whose backward is captured: lengths and offsets, every reduction, with and
+    without ``initial``, float32 and float64; the data rounded (ties, zeros), one case with a NaN."""
+    forwards = []
+    for dtype in (torch.float32, torch.float64):
+        for reduce in SEGMENT_REDUCTIONS:
+            for initial in (None, 2.0):
+                for bounds in SEGMENT_BOUNDS:
+                    forwards.append(lambda x, reduce=reduce, initial=initial, bounds=bounds, dtype=dtype: aten.segment_reduce(
+                        torch.round(x.reshape(-1)[:10].to(dtype) * 1.5), reduce, initial=initial, **bounds))
+            forwards.append(lambda x, reduce=reduce, dtype=dtype: aten.segment_reduce(
+                x.reshape(-1)[:10].to(dtype) * torch.tensor([1.0] * 4 + [math.nan] + [1.0] * 5, dtype=dtype), reduce,
+                lengths=idx(3, 0, 2, 1, 4)))
+            forwards.append(lambda x, reduce=reduce, dtype=dtype: aten.segment_reduce(
+                torch.round(x.reshape(2, -1)[:, :7].to(dtype)), reduce, lengths=idx(3, 4, 0, 7).view(2, 2), axis=1))
+            forwards.append(lambda x, reduce=reduce, dtype=dtype: aten.segment_reduce(
+                x.reshape(6, 5, -1)[..., :2].to(dtype), reduce, offsets=idx(1, 3, 3, 6)))
+    return forwards
+
+
 # Cases per op: (args, kwargs). Each op's result on CPU is the oracle.
 CASES = {
     aten.as_strided.default: [((r(4, 5), [3, 2], [1, 5], 2), {}), ((r(12), [2, 2, 3], [6, 1, 2], None), {})],
@@ -157,6 +189,45 @@ CASES = {
     aten.frexp.Tensor: [((torch.cat([r(50) * 1e10, r(50, seed=1) * 1e-30,
                                      torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, 0.5, -4.0,
                                                    3.4e38])]),), {})],
+    aten.mode.default: [((torch.round(r(5, 7, dtype=dtype) * 1.5), dim, keepdim), {})
+                        for dtype in (torch.float32, torch.float64) for dim, keepdim in ((1, False), (0, True), (-1, True))]
+    + [((torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0], [5.0, 5.0, 4.0, 4.0, 4.0], [2.0, 2.0, 2.0, 2.0, 2.0],
+                       [1.0, 1.0, 2.0, math.nan, math.nan], [math.nan] * 5, [0.0, -0.0, 1.0, 7.0, 7.0]], dtype=dtype),),
+        {}) for dtype in (torch.float32, torch.float64)]
+    + [((torch.tensor([[1, 2, 2, 1, 3, 1, 2], [0, -4, -4, 9, 9, 9, -4]]), 1), {}), ((torch.tensor(3.0),), {}),
+       ((torch.round(r(4, 16, 3) * 1.5), 1), {})],
+    aten.histogram.bin_ct: [((r(100, dtype=dtype), 7), {}) for dtype in (torch.float32, torch.float64)]
+    + [((r(4, 25), 5), {"range": [-0.5, 0.5]}), ((r(60, dtype=torch.float64), 6), {"range": [-1.0, 2.0], "density": True}),
+       ((r(30), 4), {"weight": r(30, seed=1).abs(), "density": True}), ((r(30), 4), {"weight": r(30, seed=1)}),
+       ((torch.tensor(2.0), 1), {}), ((torch.full((4,), 2.0), 3), {}), ((torch.zeros(0), 3), {}),
+       ((torch.tensor([1.0, 2.0, 3.0, 4.0]), 3), {"range": [2.0, 3.0]}), ((torch.tensor([1.0, 2.0]), 2), {"range": [1.0, 1.0]}),
+       ((torch.tensor([0.0, 1.0, math.nan, math.inf, -math.inf, 0.5]), 2), {"range": [0.0, 1.0]})],
+    aten.histogram.bins_tensor: [((r(50, dtype=dtype), torch.tensor([-1.0, -0.2, 0.0, 0.7, 2.0], dtype=dtype)), {})
+                                 for dtype in (torch.float32, torch.float64)]
+    + [((torch.tensor([1.0, 2.0, 3.0, 4.0, math.nan, math.inf]), torch.tensor([1.0, 2.5, 4.0])), {}),
+       ((r(3, 10), torch.tensor([-1.0, 0.0, 0.5, 3.0])), {"weight": r(3, 10, seed=1), "density": True}),
+       ((torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 4.0])), {"density": True})],
+    aten._histogramdd_bin_edges.default: [((r(20, 3, dtype=dtype), [2, 3, 4]), {}) for dtype in (torch.float32, torch.float64)]
+    + [((r(4, 5, 2), [3, 1]), {"range": [-1.0, 1.0, 0.0, 2.0]}), ((torch.tensor([[2.0, 1.0]]), [2, 2]), {}),
+       ((torch.zeros(0, 2), [2, 3]), {})],
+    aten._histogramdd_from_bin_cts.default: [((r(30, 3, dtype=dtype), [2, 3, 4]), {}) for dtype in (torch.float32, torch.float64)]
+    + [((r(4, 5, 2), [3, 2]), {"range": [-1.0, 1.0, 0.0, 2.0], "weight": r(4, 5, seed=1), "density": True}),
+       ((r(40, 2), [4, 3]), {"density": True}), ((torch.tensor([[2.0, 1.0], [3.0, 5.0], [math.nan, 1.0]]), [2, 2]),
+                                                 {"range": [0.0, 4.0, 0.0, 4.0]}), ((torch.zeros(0, 2), [2, 2]), {})],
+    aten._histogramdd_from_bin_tensors.default: [
+        ((r(30, 2, dtype=dtype), [torch.tensor([-1.0, 0.0, 0.3, 2.0], dtype=dtype), torch.tensor([-2.0, 0.1, 1.0], dtype=dtype)]),
+         {}) for dtype in (torch.float32, torch.float64)]
+    + [((r(5, 6, 2), [torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([-2.0, 1.0])]), {"weight": r(5, 6, seed=1), "density": True})],
+    aten.segment_reduce.default: [((segment_data(dtype), reduce), {**bounds, "initial": initial})
+                                  for dtype in (torch.float32, torch.float64) for reduce in SEGMENT_REDUCTIONS
+                                  for initial in (None, 1.5) for bounds in SEGMENT_BOUNDS]
+    + [((segment_data(torch.float32).view(2, 5), reduce), {**bounds, "axis": 1, "initial": initial})
+       for reduce in SEGMENT_REDUCTIONS for initial in (None, -2.0)
+       for bounds in ({"lengths": idx(2, 0, 3, 1, 0, 4).view(2, 3)}, {"offsets": idx(0, 2, 2, 5, 0, 0, 4, 5).view(2, 4)})]
+    + [((r(6, 3, 2, dtype=dtype), reduce), {"offsets": idx(1, 3, 3, 6)}) for dtype in (torch.float32, torch.float64)
+       for reduce in SEGMENT_REDUCTIONS]
+    + [((r(2, 7, 3), reduce), {"lengths": idx(3, 4, 0, 7).view(2, 2), "axis": 1}) for reduce in SEGMENT_REDUCTIONS],
+    aten._segment_reduce_backward.default: "pool",
 }
 
 # Backward ops checked against autograd of their forward op (what produces them in a graph).
@@ -182,6 +253,7 @@ FORWARDS = {
     aten.diagonal_backward.default: [lambda x: x.diagonal(1, 0, 2) * 1],
     aten._upsample_bilinear2d_aa_backward.default: [
         lambda x: torch.nn.functional.interpolate(x[..., 0], size=(3, 4), mode="bilinear", antialias=True)],
+    aten._segment_reduce_backward.default: segment_reduce_forwards(),
 }
 
 
@@ -313,3 +385,14 @@ def test_the_docs_list_torchneurons_table_and_each_entry_is_covered():
         overloads = [getattr(op, o) for o in op.overloads()] if isinstance(op, torch._ops.OpOverloadPacket) else [op]
         assert any(o in decomposed for o in overloads), op
     assert all(decomposed[op] is fn for op, fn in table.TORCHNEURON_DECOMPOSITIONS.items())
+
+
+def test_mode_of_a_long_slice_gives_the_value_and_a_position_of_it():
+    """Past 16 elements CPU's sort is not stable, so which position of the mode it gives is not
+    defined: the value must equal CPU's, and the position must hold it."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randint(0, 4, (50, 40), generator=torch.Generator().manual_seed(0)).to(dtype)
+        values, indices = table.PRIVATE_PIPELINE_OWN[aten.mode.default](x, 1)
+        expected = torch.mode(x, 1)
+        assert torch.equal(values, expected.values)
+        assert torch.equal(x.gather(1, indices[:, None])[:, 0], values)

@@ -143,6 +143,14 @@ PRIVATE_PIPELINE_OWN = {
     aten.hypot.default: own.hypot,
     aten.diagonal_scatter.default: own.diagonal_scatter,
     aten.diagonal_backward.default: own.diagonal_backward,
+    aten.mode.default: own.mode,
+    aten.histogram.bin_ct: own.histogram,
+    aten.histogram.bins_tensor: own.histogram,
+    aten._histogramdd_bin_edges.default: own.histogramdd_bin_edges,
+    aten._histogramdd_from_bin_cts.default: own.histogramdd_from_bin_cts,
+    aten._histogramdd_from_bin_tensors.default: own.histogramdd_from_bin_tensors,
+    aten.segment_reduce.default: own.segment_reduce,
+    aten._segment_reduce_backward.default: own.segment_reduce_backward,
 }
 
 

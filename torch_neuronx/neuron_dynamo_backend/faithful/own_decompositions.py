@@ -186,6 +186,123 @@ def histc(x, bins=100, min=0, max=0):  # noqa: A002 - the op's own argument name
     return hist.scatter_add(0, position.reshape(-1), counted.reshape(-1))
 
 
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value along ``dim`` and its position, as CPU's kernel gives them: every pair
+    compared at once for the counts; of the values counted most often the smallest; its last
+    position (CPU sorts each slice and takes the end of the run, and for slices of up to 16 elements
+    its sort keeps equal values in order). A NaN equals nothing, so each counts once (NaN last in
+    order, at its first position). Slices longer than 16: CPU's sort is not stable, and which
+    position of the value it gives is not defined."""
+    if x.dtype == torch.bool:
+        return NotImplemented
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    moved = x.movedim(dim, -1)
+    size = moved.shape[-1]
+    equal = moved.unsqueeze(-1) == moved.unsqueeze(-2)  # (..., i, j): x_i == x_j
+    nan = torch.isnan(moved) if x.dtype.is_floating_point else torch.zeros_like(moved, dtype=torch.bool)
+    counts = torch.where(nan, 1, equal.sum(-1))
+    best = counts.amax(-1, keepdim=True)
+    candidate = (counts == best) & ~nan
+    big = torch.full((), math.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).max, dtype=x.dtype,
+                     device=x.device)
+    value = torch.where(candidate, moved, big).amin(-1, keepdim=True)
+    found = candidate.any(-1, keepdim=True)
+    position = torch.arange(size, device=x.device)
+    last = torch.where(moved == value, position, -1).amax(-1, keepdim=True)
+    first_nan = torch.where(nan, position, size).amin(-1, keepdim=True)
+    if x.dtype.is_floating_point:
+        value = torch.where(found, value, torch.full((), math.nan, dtype=x.dtype, device=x.device))
+    index = torch.where(found, last, first_nan)
+    if not keepdim:
+        value, index = value.squeeze(-1), index.squeeze(-1)
+    else:
+        value, index = value.movedim(-1, dim), index.movedim(-1, dim)
+    return value, index
+
+
+def _bin_edges(low, high, bins, dtype, device):
+    """``bins + 1`` equal steps from ``low`` to ``high`` (0-d tensors or numbers), as CPU's linspace
+    makes them: the first half from ``low``, the second back from ``high``."""
+    low = torch.as_tensor(low, dtype=dtype, device=device)
+    high = torch.as_tensor(high, dtype=dtype, device=device)
+    step = (high - low) / bins
+    i = torch.arange(bins + 1, device=device).to(dtype)
+    return torch.where(i < (bins + 1) // 2, low + step * i, high - step * (bins - i))
+
+
+def _outer_edges(x, ranges, count):
+    """Each dimension's (leftmost, rightmost) edge: ``ranges`` (a flat list of pairs) or the data's
+    minimum and maximum (0 and 1 when there is no data); widened by a half each way when they are
+    equal. From the data, the edges are values computed in the graph (their shapes stay static)."""
+    edges = []
+    for d in range(count):
+        if ranges is not None:
+            low, high = (torch.full((), float(v), dtype=x.dtype, device=x.device) for v in ranges[2 * d:2 * d + 2])
+        elif x.shape[0] == 0:
+            low, high = (torch.full((), v, dtype=x.dtype, device=x.device) for v in (0.0, 1.0))
+        else:
+            low, high = x[:, d].amin(), x[:, d].amax()
+        same = low == high
+        edges.append((torch.where(same, low - 0.5, low), torch.where(same, high + 0.5, high)))
+    return edges
+
+
+def _histogramdd(x, edges, weight, density):
+    """Counts (or weights) of the rows of ``x`` (N, D) in the bins between ``edges`` (one sorted 1-D
+    tensor per dimension): a row's bin in each dimension is how many of its edges are at most its
+    value, less one (the last bin holds its right edge); rows outside any dimension's edges, or NaN,
+    are not counted. ``density``: divided by the total and by each bin's volume."""
+    counts = [e.shape[0] - 1 for e in edges]
+    flat = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    inside = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    for d, e in enumerate(edges):
+        value = x[:, d]
+        position = (e.unsqueeze(0) <= value.unsqueeze(1)).sum(1) - 1
+        flat = flat * counts[d] + position.clamp(0, counts[d] - 1)
+        inside = inside & (value >= e[0]) & (value <= e[-1])
+    mass = torch.ones(x.shape[0], dtype=x.dtype, device=x.device) if weight is None else weight.reshape(-1).to(x.dtype)
+    mass = torch.where(inside, mass, torch.zeros((), dtype=x.dtype, device=x.device))
+    hist = torch.zeros(math.prod(counts), dtype=x.dtype, device=x.device).scatter_add(0, flat, mass)
+    hist = hist.view(counts)
+    if density:
+        hist = hist / hist.sum()
+        for d, e in enumerate(edges):
+            shape = [1] * len(counts)
+            shape[d] = counts[d]
+            hist = hist / (e[1:] - e[:-1]).view(shape)
+    return hist
+
+
+def histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002 - the op's own names
+    """A 1-D histogram of every element: ``bins`` equal bins over ``range`` (the data's when none),
+    or the given edges."""
+    flat = x.reshape(-1, 1)
+    if isinstance(bins, torch.Tensor):
+        edges = bins.to(x.dtype)
+        return _histogramdd(flat, [edges], weight, density), bins.clone()
+    [(low, high)] = _outer_edges(flat, range, 1)
+    edges = _bin_edges(low, high, bins, x.dtype, x.device)
+    return _histogramdd(flat, [edges], weight, density), edges
+
+
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    """The edges of histogramdd's equal bins in each dimension."""
+    flat = x.reshape(-1, x.shape[-1])
+    return [_bin_edges(low, high, count, x.dtype, x.device)
+            for (low, high), count in zip(_outer_edges(flat, range, flat.shape[1]), bins)]
+
+
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    flat = x.reshape(-1, x.shape[-1])
+    return _histogramdd(flat, histogramdd_bin_edges(x, bins, range=range), weight, density)
+
+
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd(x.reshape(-1, x.shape[-1]), [b.to(x.dtype) for b in bins], weight, density)
+
+
 # ---- arithmetic -----------------------------------------------------------------------------------
 
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -721,6 +838,94 @@ def arg_of_a_scalar(x, *args, **kwargs):
     if x.dim() != 0:
         return NotImplemented
     return torch.zeros((), dtype=torch.int64, device=x.device)
+
+
+def _segments(data, lengths, offsets, axis):
+    """``data`` as (batch, length, rest) around ``axis``, and which positions each segment holds:
+    (batch, segments, length), from the lengths (each segment starts where the one before ends)
+    or from the offsets (segment s is offsets[s] up to offsets[s + 1])."""
+    axis = axis % data.dim()
+    batch, rest = data.shape[:axis], data.shape[axis + 1:]
+    flat = data.reshape(math.prod(batch), data.shape[axis], math.prod(rest))
+    if offsets is not None:
+        bounds = offsets.reshape(flat.shape[0], -1)
+        starts, ends = bounds[:, :-1], bounds[:, 1:]
+    else:
+        ends = torch.cumsum(lengths.reshape(flat.shape[0], -1), -1)
+        starts = ends - lengths.reshape(flat.shape[0], -1)
+    position = torch.arange(flat.shape[1], device=data.device)
+    member = (starts.unsqueeze(-1) <= position) & (position < ends.unsqueeze(-1))
+    return flat, member, (*batch, starts.shape[-1], *rest)
+
+
+_SEGMENT_REDUCTIONS = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "amax", "min": "amin"}
+
+
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Each segment of ``data`` along ``axis`` reduced, ``initial`` taken in (a mean divides the sum
+    with it by the segment's length); an empty segment is ``initial``, else the reduction's identity
+    (a mean's is NaN, 0 / 0): every (segment, position) pair at once."""
+    if indices is not None or (lengths is None and offsets is None) or not data.dtype.is_floating_point:
+        return NotImplemented
+    flat, member, shape = _segments(data, lengths, offsets, axis)
+    kind = _SEGMENT_REDUCTIONS[reduce]
+    identity = torch.full((), _reduction_identity(kind, data.dtype), dtype=data.dtype, device=data.device)
+    spread = torch.where(member.unsqueeze(-1), flat.unsqueeze(1), identity)  # (batch, segments, length, rest)
+    if kind == "sum":
+        out = spread.sum(2)
+    elif kind == "prod":
+        out = spread.prod(2)
+    else:
+        out = spread.amax(2) if kind == "amax" else spread.amin(2)
+    if initial is not None:
+        start = torch.full((), initial, dtype=data.dtype, device=data.device)
+        out = {"sum": out + start, "prod": out * start, "amax": torch.maximum(out, start),
+               "amin": torch.minimum(out, start)}[kind]
+    if reduce == "mean":
+        count = member.sum(-1, keepdim=True).to(data.dtype)
+        out = out / count if initial is None else torch.where(count > 0, out / count, out)
+    return out.reshape(shape)
+
+
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """The data's gradient: each position's segment's gradient, divided by the segment's length for
+    a mean; for max and min given to the positions equal to the result (NaN equal to NaN), and, as
+    CPU's kernel does, a positive one divided among them when there are several (a negative one is
+    not); for a product times result / value, or where the value is 0 or NaN times the product of
+    the segment's other positions and ``initial``. Positions in no segment get none."""
+    flat, member, _ = _segments(data, lengths, offsets, axis)
+    segments = member.shape[1]
+    grad = grad.reshape(flat.shape[0], segments, flat.shape[2])
+    output = output.reshape(flat.shape[0], segments, flat.shape[2])
+    inside = member.unsqueeze(-1)  # (batch, segments, length, 1)
+    zero = torch.zeros((), dtype=grad.dtype, device=grad.device)
+
+    def each(t):  # (batch, segments, rest) -> (batch, length, rest): each position's segment's value
+        return torch.where(inside, t.unsqueeze(2), zero).sum(1)
+
+    if reduce == "sum":
+        result = each(grad)
+    elif reduce == "mean":
+        count = member.sum(-1, keepdim=True).to(grad.dtype).clamp(min=1)
+        result = each(grad / count)
+    elif reduce in ("max", "min"):
+        chosen = (flat.unsqueeze(1) == output.unsqueeze(2)) | (torch.isnan(flat.unsqueeze(1))
+                                                               & torch.isnan(output.unsqueeze(2)))
+        chosen = chosen & inside
+        ties = chosen.sum(2).to(grad.dtype)
+        shared = torch.where((ties > 1) & (grad > 0), grad / ties.clamp(min=1), grad)
+        result = torch.where(chosen, shared.unsqueeze(2), zero).sum(1)
+    else:  # prod
+        segment = torch.where(member, torch.arange(segments, device=data.device).unsqueeze(-1), -1).amax(1)
+        position = torch.arange(flat.shape[1], device=data.device)
+        others = (segment.unsqueeze(-1) == segment.unsqueeze(-2)) & (position.unsqueeze(-1) != position)
+        one = torch.ones((), dtype=data.dtype, device=data.device)
+        rest = torch.where(others.unsqueeze(-1), flat.unsqueeze(1), one).prod(2)  # (batch, length, rest)
+        if initial is not None:
+            rest = rest * initial
+        plain = (flat == 0) | torch.isnan(flat)
+        result = torch.where(plain, each(grad) * rest, each(grad * output) / flat)
+    return result.reshape(data.shape)
 
 
 # ---- order statistics ------------------------------------------------------------------------------
