@@ -91,6 +91,86 @@ def test_relabelled_ranks_equal_every_rank_run(tmp_path, simulate):
     assert {tp_group[c["group"]] for c in every["ranks"][2]["collectives"]} == {"2-3", "0,2"}
 
 
+def tp_peak_bytes(hidden, ffn, ranks, extra=0):
+    """A rank's peak running tp_bare_device.py / device_habits.py (float32, no biases): it is reached
+    while RowwiseParallel distributes the second weight, which is live in full, with its contiguous
+    column chunks for the scatter (one more full copy) and the two shards of this rank; ``extra`` is
+    what the program made before parallelize_module (device_habits.py's input)."""
+    weight = hidden * ffn * 4
+    return 2 * weight + 2 * weight // ranks + extra
+
+
+def test_the_reported_bare_device_tp_program_on_64_ranks(tmp_path, simulate):
+    """The report's program, unchanged (4096 x 16384, bare "neuron" for .to() and for a factory), on the
+    64 ranks of a trn2.48xlarge: every rank planned, from the runs of ranks 0 and 63 alone."""
+    hidden, ffn, n = 4096, 16384, 64
+    r, plan = simulate(tmp_path, "--nproc-per-node", str(n), "--instance", "trn2.48xlarge",
+                       os.path.join(PROGRAMS, "tp_bare_device.py"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan" / "plan.json").exists() and plan["world_size"] == n
+    assert [x["rank"] for x in plan["ranks"]] == list(range(n))
+    assert plan["simulation"]["script_runs"] == 2 and plan["simulation"]["symmetry"]["used"]
+    assert [x.get("relabelled_from") for x in plan["ranks"]] == [None] + [0] * (n - 2) + [None]
+    line = f"tp_bare_device.py:{line_of('tp_bare_device.py', '.sum().backward()')}"
+    for rank in plan["ranks"]:
+        assert "error" not in rank and rank["fits"]
+        assert rank["peak_bytes"] == tp_peak_bytes(hidden, ffn, n)  # 520 MiB, of which 8 MiB this rank's shards
+        # Each rank's parameters: a Colwise shard (ffn/n rows of hidden) and a Rowwise one (hidden x ffn/n).
+        scatters = [c["shapes"] for c in rank["collectives"] if c["op"] == "scatter"]
+        assert scatters == [f"float32[{ffn // n}, {hidden}]", f"float32[{hidden}, {ffn // n}]"]
+        reduces = [c for c in rank["collectives"] if c["op"] == "all_reduce"]
+        assert [(c["bytes"], c["line"]) for c in reduces] == [(8 * hidden * 4, line)]  # Rowwise's output
+    assert [g["ranks"] for g in plan["groups"]] == ["0-63"]
+
+
+def test_relabelled_ranks_of_the_bare_device_program_equal_every_rank_run(tmp_path, simulate):
+    """The same program, narrow, on a trn2.3xlarge: the shortcut's plan is the plan of running every rank."""
+    hidden, ffn, n = 64, 256, 4
+    args = ["--nproc-per-node", str(n), "--instance", "trn2.3xlarge", os.path.join(PROGRAMS, "tp_bare_device.py")]
+    env = {"TP_HIDDEN": str(hidden), "TP_FFN": str(ffn)}
+    _, fast = simulate(tmp_path / "fast", *args, env=env)
+    r, every = simulate(tmp_path / "every", "--all-ranks", *args, env=env)
+    assert r.returncode == 0, r.stderr
+    assert fast["simulation"]["script_runs"] == 2 and every["simulation"]["script_runs"] == n
+    assert [x.pop("relabelled_from", None) for x in fast["ranks"]] == [None, 0, 0, None]
+    assert fast["ranks"] == every["ranks"] and fast["groups"] == every["groups"]
+    assert [x["peak_bytes"] for x in every["ranks"]] == [tp_peak_bytes(hidden, ffn, n)] * n
+
+
+DEVICE_HABITS = ["bare", "to", "index0", "current_device", "device_of_current", "method", "set_device",
+                 "local_rank_index", "device_context"]
+
+
+@pytest.mark.parametrize("habit", DEVICE_HABITS)
+def test_every_device_habit_is_the_ranks_own_core_on_every_rank(tmp_path, simulate, habit):
+    """device_habits.py --habit: "neuron", "neuron:0", .to("neuron"), current_device(),
+    torch.device("neuron", current_device()), .neuron(), set_device(LOCAL_RANK), "neuron:<LOCAL_RANK>"
+    and torch.neuron.device(LOCAL_RANK), each run on every rank of 2 nodes x 2 (local rank != rank on
+    node 1); the program asserts its output, input and weights share one device."""
+    hidden, ffn, n = 64, 256, 4
+    r, plan = simulate(tmp_path, "--all-ranks", "--nnodes", "2", "--nproc-per-node", "2", "--instance",
+                       "trn2.3xlarge", os.path.join(PROGRAMS, "device_habits.py"), "--habit", habit,
+                       "--hidden", str(hidden), "--ffn", str(ffn))
+    assert r.returncode == 0, r.stderr
+    assert plan["simulation"]["script_runs"] == n and [x["local_rank"] for x in plan["ranks"]] == [0, 1, 0, 1]
+    for rank in plan["ranks"]:
+        assert "error" not in rank
+        assert rank["peak_bytes"] == tp_peak_bytes(hidden, ffn, n, extra=8 * hidden * 4)
+        assert [c["bytes"] for c in rank["collectives"] if c["op"] == "all_reduce"] == [8 * hidden * 4]
+
+
+def test_a_program_mixing_cores_fails_naming_the_line(tmp_path, simulate):
+    """neuron:1 (another core, on local rank 0) with the rank's own core: refused, as on the instance."""
+    r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
+                       os.path.join(PROGRAMS, "mixed_devices.py"))
+    assert r.returncode == 1
+    line = f"mixed_devices.py:{line_of('mixed_devices.py', 'the line that mixes them')}"
+    assert f"failed on rank 0 at {line}" in r.stderr and "Traceback" not in r.stderr
+    error = plan["ranks"][0]["error"]
+    assert error["line"] == line and "FakeTensorDeviceMismatchError" in error["message"]
+    assert "neuron:1" in error["message"] and "own core" in error["message"]
+
+
 def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path, simulate):
     r, plan = simulate(tmp_path, "--nproc-per-node", "8", os.path.join(PROGRAMS, "extra_all_reduce.py"))
     assert r.returncode == 1

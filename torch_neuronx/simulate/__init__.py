@@ -236,6 +236,11 @@ def _run_rank(rank, size, nproc_per_node, capacity, script, argv):
                 world.run_script(script, rank)
     except Exception as error:  # the program failed on this rank: the plan says where
         rec.record.error = f"{type(error).__name__}: {error}"
+        if type(error).__name__ == "FakeTensorDeviceMismatchError":  # what the device names meant here
+            local = rank % nproc_per_node
+            own = f"'neuron', 'neuron:0' and 'neuron:{local}' (its local rank)" if local else "'neuron' and 'neuron:0'"
+            rec.record.error += (f"; on rank {rank} {own} name the rank's own core, shown as neuron:0, and any "
+                                 "other index another core of the node, which this line mixes with it")
         rec.record.error_line = _line_of(error, script)
     rec.record.rank_uses, rec.record.rank_use_count = audit.notes, audit.count
     return rec.record

@@ -3,14 +3,15 @@
 A rank's program can differ from rank 0's only through what tells it its rank. In structure mode
 the simulator hands out every such value itself (:func:`audited_sources`): ``dist.get_rank()``,
 ``ProcessGroup.rank()``, ``get_node_local_rank()``, ``get_process_group_ranks()``,
-``DeviceMesh.get_rank/get_local_rank/get_coordinate``, ``torch.neuron.current_device()`` and the
-variables RANK, LOCAL_RANK, GROUP_RANK and ROLE_RANK. They come back as :class:`RankInt` /
-:class:`RankStr`, which behave as the int / str they hold but note every use made of them by code
+``DeviceMesh.get_rank/get_local_rank/get_coordinate`` and the variables RANK, LOCAL_RANK,
+GROUP_RANK and ROLE_RANK. (``torch.neuron.current_device()`` is not one: every rank's own core
+is ``neuron:0``, see world.py, so neither it nor a tensor's ``device.index`` tells ranks apart.)
+They come back as :class:`RankInt` / :class:`RankStr`, which behave as the int / str they hold but note every use made of them by code
 outside torch, torch_neuronx and the standard library (the program and its other libraries):
 a comparison, arithmetic, truth test, hash, formatting, ``str()``, a string method, and ``int()``
 of a variable (Python makes its result a plain int, whose uses cannot be followed). Handing a
-RankInt to torch unread (``torch.device("neuron", torch.neuron.current_device())``) is not a use:
-C code reads an int's value without calling back.
+RankInt to torch unread (``torch.neuron.set_device(dist.get_rank())``) is not a use: C code
+reads an int's value without calling back.
 
 The argument, and what it rests on:
 1. If the program never used its rank (no notes on rank 0's run), its own control flow and the
@@ -26,7 +27,7 @@ The argument, and what it rests on:
 3. Then every other rank's record is rank 0's relabelled. Otherwise every rank runs (the safe path).
 
 What this cannot see (and a full run would): a rank that reaches the program through torch as a
-plain int (a tensor's ``device.index``), a process group's name, a rank used only inside C code
+plain int, a process group's name, a rank used only inside C code
 (``torch.zeros(rank)``, ``range(rank)``, ``"%d" % rank``, ``json.dumps``) in a way that rank 0 and
 the last rank happen to agree on. ``--all-ranks`` runs every rank regardless.
 """
@@ -190,7 +191,6 @@ def audited_sources(audit: Audit):
         patch(dist, "get_node_local_rank", "get_node_local_rank()")
     for name in ("get_rank", "get_local_rank", "get_coordinate"):
         patch(device_mesh.DeviceMesh, name, f"DeviceMesh.{name}()")
-    patch(torch.neuron, "current_device", "torch.neuron.current_device()")
     os._Environ.__getitem__ = getitem
     _audit = audit
     try:

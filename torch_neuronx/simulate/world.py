@@ -2,17 +2,28 @@
 
 Every rank's run sees what torchrun and the neuron backend would give it: RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, ``init_process_group("neuron")`` succeeding (on torch's ``fake``
-process group, which does no communication, with this rank's number), ``dist.get_rank()``, and
-``torch.neuron.current_device()`` being its local rank. Unlike a torchrun run of this project (one
-core per process, as ``neuron:0``), a simulated rank sees its node's cores, so both
-``torch.device("neuron", local_rank)`` and the current device work.
+process group, which does no communication, with this rank's number) and ``dist.get_rank()``.
 
-In structure mode the program runs under FakeTensorMode, which needs three adjustments:
+Its device is its own core, ``neuron:0``, as in a torchrun run of this project (one core per
+process): a bare ``"neuron"``, ``"neuron:0"``, ``.to("neuron")``, ``.neuron()``,
+``torch.neuron.current_device()`` (0) and ``torch.device("neuron", current_device())`` all name
+it. So does the habit of programs written for processes that see every core of their node,
+``set_device(local_rank)`` or ``"neuron:<local rank>"``: the local rank's index is the rank's own
+core, shown as ``neuron:0``. Any other index is another core of the node, and a program that mixes
+one with the rank's own fails on the line that mixes them. Two things make it so: the runtime's
+current device is the only current device (C++ reads it to fill in a bare "neuron" in
+``Tensor.to`` and device guards; ``set_device`` maps the local rank to 0), and every fake tensor's
+device passes :func:`_own_core`. (The simulator used to keep a current device of its own, the
+local rank, in Python only: a factory's bare "neuron" took it, ``.to("neuron")`` the runtime's 0,
+and the last rank of a TP program mixed ``neuron:63`` with ``neuron:0``.)
+
+In structure mode the program runs under FakeTensorMode, which needs three more adjustments:
 DeviceMesh keeps its rank map as a real CPU tensor (its code reads it with ``tolist()``), so the
 mesh's methods run with fake mode paused; ``nn.Module.to()`` swaps fake parameters, which torch
 refuses while FakeTensorMode's memo holds a weak reference to them, so the swap drops those memo
-entries first (the memo maps real tensors to fakes; none of ours are real); and fake tensors take
-the index of ``current_device()`` for a bare "neuron".
+entries first (the memo maps real tensors to fakes; none of ours are real); and
+``is_initialized()`` is true, so fake tensors take the current device for a bare "neuron" and
+DeviceMesh leaves the device as the program set it.
 """
 from __future__ import annotations
 
@@ -83,6 +94,33 @@ def _real_mesh_patches(stack: contextlib.ExitStack) -> None:
     stack.enter_context(_patched(dist, "init_device_mesh", device_mesh.init_device_mesh))
 
 
+def own_index(index: int, local_rank: int) -> int:
+    """The device index a simulated rank means: its local rank's index is its own core, 0."""
+    return 0 if index == local_rank else index
+
+
+def _own_core(stack: contextlib.ExitStack, local_rank: int) -> None:
+    """Every fake neuron tensor of this rank lands on the index the rank means (:func:`own_index`),
+    whichever route named its device: a factory's ``device=``, ``Tensor.to`` (C++ fills a bare
+    "neuron" from the runtime's current device), DTensor and FSDP moving shards to the mesh's
+    device type, or a device guard set by ``torch.neuron.device(local_rank)``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    saved = vars(FakeTensor)["_normalize_fake_device"]
+    normalize = saved.__func__
+
+    def normalize_own(device: torch.device) -> torch.device:
+        device = normalize(device)  # a bare "neuron" gets the current device's index
+        if device.type == BACKEND_NAME and device.index is not None:
+            index = own_index(device.index, local_rank)
+            if index != device.index:
+                return torch.device(BACKEND_NAME, index)
+        return device
+
+    FakeTensor._normalize_fake_device = staticmethod(normalize_own)
+    stack.callback(setattr, FakeTensor, "_normalize_fake_device", saved)
+
+
 def _swap_patch(stack: contextlib.ExitStack, fake_mode) -> None:
     original = torch.utils.swap_tensors
 
@@ -108,8 +146,8 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
            "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simulate"}
     saved_env = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
     saved_argv, saved_path0 = sys.argv, sys.path[0]
-    current = [local_rank]
     init_original = dist.init_process_group
+    set_device_original = torch.neuron.set_device
 
     def init_process_group(*args, timeout=None, **kwargs):
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -118,7 +156,8 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         return init_original(FAKE_BACKEND, world_size=world, rank=rank, store=FakeStore(), **extra)
 
     def set_device(device):
-        current[0] = torch.device(device).index if not isinstance(device, int) else device
+        # The runtime's current device, the one C++ reads too; the local rank's index is core 0.
+        set_device_original(own_index(torch.neuron._get_device_index(device), local_rank))
 
     with contextlib.ExitStack() as stack:
         os.environ.update(env)
@@ -126,8 +165,11 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         sys.path[0] = os.path.dirname(script)
         stack.enter_context(_patched(dist, "init_process_group", init_process_group))
         stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
-        stack.enter_context(_patched(torch.neuron, "current_device", lambda: current[0]))
+        saved_device = torch.neuron.current_device()
+        set_device_original(0)  # each run starts on its own core
+        stack.callback(set_device_original, saved_device)
         stack.enter_context(_patched(torch.neuron, "set_device", set_device))
+        _own_core(stack, local_rank)
         # Fake tensors take current_device() for a bare "neuron" only from an initialized device.
         stack.enter_context(_patched(torch.neuron, "is_initialized", lambda: True))
         if fake_mode is not None:
