@@ -71,6 +71,33 @@ def segment_reduce_forwards():
     return forwards
 
 
+BAG_INDICES = idx(1, 2, 4, 5, 4, 3, 2, 9, 0, 0)
+BAG_OFFSETS = (idx(0, 2, 2, 5), idx(0, 2, 2, 5, 7, 10))  # an empty bag; the second with its closing offset
+
+
+def embedding_bag_forwards():
+    """embedding_bag calls whose backward (the weight's, and the per-sample weights') is captured."""
+    forwards = []
+    for dtype in (torch.float32, torch.float64):
+        for mode in ("sum", "mean", "max"):
+            for padding_idx in (None, 4):
+                for last, offsets in enumerate(BAG_OFFSETS):
+                    forwards.append(lambda x, mode=mode, padding_idx=padding_idx, last=last, offsets=offsets, dtype=dtype:
+                                    torch.nn.functional.embedding_bag(
+                                        BAG_INDICES, x.reshape(-1)[:40].view(10, 4).to(dtype), offsets, mode=mode,
+                                        padding_idx=padding_idx, include_last_offset=bool(last)))
+        # per-sample weights (sum only); scale_grad_by_freq where every row occurs equally often (see
+        # test_embedding_bag_scales_by_each_rows_frequency for the others)
+        forwards.append(lambda x, dtype=dtype: torch.nn.functional.embedding_bag(
+            BAG_INDICES, x.reshape(-1)[:40].view(10, 4).to(dtype), BAG_OFFSETS[0], mode="sum", padding_idx=2,
+            per_sample_weights=x.reshape(-1)[40:50].to(dtype)))
+        for mode in ("sum", "mean"):
+            forwards.append(lambda x, mode=mode, dtype=dtype: torch.nn.functional.embedding_bag(
+                idx(0, 1, 1, 3, 2, 3, 0, 2), x.reshape(-1)[:40].view(10, 4).to(dtype), idx(0, 3, 3), mode=mode,
+                scale_grad_by_freq=True))
+    return forwards
+
+
 # Cases per op: (args, kwargs). Each op's result on CPU is the oracle.
 CASES = {
     aten.as_strided.default: [((r(4, 5), [3, 2], [1, 5], 2), {}), ((r(12), [2, 2, 3], [6, 1, 2], None), {})],
@@ -228,6 +255,10 @@ CASES = {
        for reduce in SEGMENT_REDUCTIONS]
     + [((r(2, 7, 3), reduce), {"lengths": idx(3, 4, 0, 7).view(2, 2), "axis": 1}) for reduce in SEGMENT_REDUCTIONS],
     aten._segment_reduce_backward.default: "pool",
+    aten._embedding_bag.default: "test_embedding_bag_equals_the_op_on_cpu",
+    aten._embedding_bag_forward_only.default: "test_embedding_bag_equals_the_op_on_cpu",
+    aten._embedding_bag_backward.default: "pool",
+    aten._embedding_bag_per_sample_weights_backward.default: "pool",
 }
 
 # Backward ops checked against autograd of their forward op (what produces them in a graph).
@@ -254,6 +285,8 @@ FORWARDS = {
     aten._upsample_bilinear2d_aa_backward.default: [
         lambda x: torch.nn.functional.interpolate(x[..., 0], size=(3, 4), mode="bilinear", antialias=True)],
     aten._segment_reduce_backward.default: segment_reduce_forwards(),
+    aten._embedding_bag_backward.default: embedding_bag_forwards(),
+    aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_forwards()[12::15],
 }
 
 
@@ -396,3 +429,40 @@ def test_mode_of_a_long_slice_gives_the_value_and_a_position_of_it():
         expected = torch.mode(x, 1)
         assert torch.equal(values, expected.values)
         assert torch.equal(x.gather(1, indices[:, None])[:, 0], values)
+
+
+def test_embedding_bag_equals_the_op_on_cpu():
+    """The bags (output 0), and what the backward reads: each bag's size for mean and max, the rows
+    chosen for max. (Each position's bag, output 1, CPU leaves empty for some sums; ours fills it.)"""
+    nan = math.nan
+    weights = [r(10, 4, dtype=dtype) for dtype in (torch.float32, torch.float64)]
+    weights.append(torch.tensor([[1.0, 5.0], [nan, 2.0], [3.0, 3.0], [3.0, nan], [0.0, 7.0]] * 2))  # ties, NaN
+    for op in (aten._embedding_bag.default, aten._embedding_bag_forward_only.default):
+        for weight in weights:
+            for mode in (0, 1, 2):
+                for padding_idx in (-1, 4, 0):
+                    for last, offsets in enumerate(BAG_OFFSETS):
+                        for per_sample in ((None, r(10, seed=3, dtype=weight.dtype)) if mode == 0 else (None,)):
+                            args = (weight, BAG_INDICES, offsets, False, mode, False, per_sample, bool(last), padding_idx)
+                            got, expected = OWN[op](*args), op(*args)
+                            _close(got[0], expected[0])
+                            if mode:
+                                _close(got[2], expected[2])
+                            if mode == 2:
+                                _close(got[3], expected[3])
+
+
+def test_embedding_bag_scales_by_each_rows_frequency():
+    """scale_grad_by_freq: each row's gradient divided by how often it occurs, as embedding's own
+    backward on CPU does. (CPU's embedding_bag kernel divides by the count of the row at the position
+    of this row's rank among the distinct rows in the sorted indices, which agrees only where every
+    row occurs equally often: here rows 2, 5, 7 occur 3, 2 and 1 times.)"""
+    weight = r(8, 3).requires_grad_()
+    indices, offsets = idx(5, 2, 5, 7, 2, 2), idx(0, 4)
+    grad = r(2, 3, seed=1)
+    bag = torch.tensor([0, 0, 0, 0, 1, 1])
+    rows = torch.nn.functional.embedding(indices, weight, scale_grad_by_freq=True)
+    expected = torch.autograd.grad(torch.zeros(2, 3).index_add(0, bag, rows), weight, grad)[0]
+    got = OWN[aten._embedding_bag_backward.default](grad, indices, offsets, bag, torch.zeros(2, dtype=torch.int64),
+                                                    torch.zeros(2, dtype=torch.int64), 8, True, 0, False, None, -1)
+    _close(got, expected)

@@ -151,6 +151,10 @@ PRIVATE_PIPELINE_OWN = {
     aten._histogramdd_from_bin_tensors.default: own.histogramdd_from_bin_tensors,
     aten.segment_reduce.default: own.segment_reduce,
     aten._segment_reduce_backward.default: own.segment_reduce_backward,
+    aten._embedding_bag.default: own.embedding_bag,
+    aten._embedding_bag_forward_only.default: own.embedding_bag,
+    aten._embedding_bag_backward.default: own.embedding_bag_backward,
+    aten._embedding_bag_per_sample_weights_backward.default: own.embedding_bag_per_sample_weights_backward,
 }
 
 

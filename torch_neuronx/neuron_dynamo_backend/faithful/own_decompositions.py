@@ -150,6 +150,99 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     return out.scatter_add(0, index.view(-1, 1).expand(-1, width), rows)
 
 
+def _bags(indices, offsets, bags, padding_idx):
+    """Which positions of ``indices`` each bag holds, padding left out: (bags, positions). Bag b runs
+    from offsets[b] to the next offset (the last, without a closing offset, to the end)."""
+    count = indices.shape[0]
+    ends = torch.cat([offsets[1:], torch.full((1,), count, dtype=offsets.dtype, device=offsets.device)])[:bags]
+    position = torch.arange(count, device=indices.device)
+    member = (offsets[:bags].unsqueeze(-1) <= position) & (position < ends.unsqueeze(-1))
+    if padding_idx is not None and padding_idx >= 0:
+        member = member & (indices != padding_idx)
+    return member
+
+
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Each bag's rows of ``weight`` summed (times ``per_sample_weights``), averaged, or their
+    maximum per column (the first row reaching it; NaN when the bag's first row has it, as CPU's
+    running comparison gives), every (bag, position) pair at once; an empty bag is zeros. Also
+    each position's bag, each bag's size (zeros for a sum, as on CPU) and, for the maximum, the row
+    chosen per column (for a mean, the sizes again, as on CPU)."""
+    if indices.dim() != 1 or sparse:
+        return NotImplemented
+    bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    member = _bags(indices, offsets, bags, padding_idx)
+    rows = weight.index_select(0, indices)  # (positions, width)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(weight.dtype).unsqueeze(-1)
+    inside = member.unsqueeze(-1)
+    zero = torch.zeros((), dtype=weight.dtype, device=weight.device)
+    size = member.sum(-1)
+    starts = offsets[:bags].unsqueeze(-1) <= torch.arange(indices.shape[0], device=indices.device)
+    offset2bag = (starts.sum(0) - 1).clamp(min=0)  # each position's bag (CPU leaves it empty for some sums)
+    if mode in (0, 1):
+        out = torch.where(inside, rows.unsqueeze(0), zero).sum(1)
+        if mode == 1:
+            out = out / size.clamp(min=1).unsqueeze(-1).to(weight.dtype)
+            return out, offset2bag, size, size.clone()
+        return out, offset2bag, torch.zeros_like(size), torch.zeros_like(size)
+    position = torch.arange(indices.shape[0], device=indices.device)
+    spread = rows.unsqueeze(0)  # (1, positions, width)
+    nan = torch.isnan(spread)
+    low = torch.full((), -math.inf, dtype=weight.dtype, device=weight.device)
+    best = torch.where(inside & ~nan, spread, low).amax(1, keepdim=True)  # (bags, 1, width)
+    first = torch.where(member, position, indices.shape[0]).amin(-1)  # each bag's first position
+    reached = inside & (spread == best)
+    chosen = torch.where(reached, position.view(1, -1, 1), indices.shape[0]).amin(1)  # (bags, width)
+    first_row = rows.index_select(0, first.clamp(max=indices.shape[0] - 1))
+    first_nan = torch.isnan(first_row)
+    chosen = torch.where(first_nan, first.unsqueeze(-1), chosen)
+    out = torch.where(first_nan, first_row, best.squeeze(1))
+    empty = (size == 0).unsqueeze(-1)
+    out = torch.where(empty, zero, out)
+    chosen_rows = indices.index_select(0, chosen.clamp(max=indices.shape[0] - 1).reshape(-1)).view(chosen.shape)
+    return out, offset2bag, size, torch.where(empty, 0, chosen_rows)
+
+
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    """The weight's gradient: each position's bag's gradient (times its weight, or divided by the
+    bag's size) added to its row, padding left out; for the maximum, each column's gradient to the
+    row chosen. ``scale_grad_by_freq``: each row's divided by how often it occurs in ``indices``, as
+    embedding's backward does (CPU's embedding_bag kernel divides by the count of the row at the
+    position of this row's rank among the distinct rows in the sorted indices, which agrees only
+    where every row occurs equally often)."""
+    if sparse:
+        return NotImplemented
+    bags, width = grad.shape
+    member = _bags(indices, offsets, bags, padding_idx)
+    out = torch.zeros(num_weights, width, dtype=grad.dtype, device=grad.device)
+    if mode == 2:
+        nonempty = (member.sum(-1) > 0).unsqueeze(-1)
+        return out.scatter_add(0, maximum_indices, torch.where(nonempty, grad, 0))
+    scale = member.to(grad.dtype)
+    if mode == 1:
+        scale = scale / member.sum(-1, keepdim=True).clamp(min=1).to(grad.dtype)
+    each = scale.t() @ grad  # (positions, width): each position's bag's gradient, scaled
+    if per_sample_weights is not None:
+        each = each * per_sample_weights.to(grad.dtype).unsqueeze(-1)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=grad.dtype, device=grad.device).scatter_add(
+            0, indices, torch.ones_like(indices, dtype=grad.dtype))
+        each = each / counts[indices].unsqueeze(-1)
+    return out.scatter_add(0, indices.view(-1, 1).expand(-1, width), each)
+
+
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """Each weight's gradient (sum mode): its bag's gradient dotted with its row; zero for padding."""
+    if mode != 0:
+        return NotImplemented
+    member = _bags(indices, offsets, grad.shape[0], padding_idx)
+    each = torch.where(member.unsqueeze(-1), grad.unsqueeze(1), 0).sum(0)  # (positions, width)
+    return (each * weight.index_select(0, indices).to(grad.dtype)).sum(-1)
+
+
 # ---- sorting and counting -------------------------------------------------------------------------
 
 def topk(x, k, dim=-1, largest=True, sorted=True):
