@@ -98,6 +98,35 @@ def embedding_bag_forwards():
     return forwards
 
 
+# grid points on pixel centres and edges, half-pixel ties, the corners +-1 and beyond (padding)
+GRID_LATTICE = torch.tensor([-1.5, -1.0, -0.75, -0.5, -0.2, 0.0, 0.25, 0.5, 1.0, 1.25])
+
+
+def grid_cases(spatial, backward):
+    """grid_sampler_{2,3}d (or its backward) over every mode it has (bicubic only in 2-D), padding
+    zeros/border/reflection, align_corners, float32 and float64; random grid points reaching past the
+    border, and points on the lattice above."""
+    cases = []
+    modes = (0, 1, 2) if spatial == 2 else (0, 1)
+    for dtype in (torch.float32, torch.float64):
+        x = r(2, 3, *[4, 5, 6][-spatial:], dtype=dtype)
+        grids = [(torch.rand(2, *[3, 4, 2][-spatial:], spatial, generator=torch.Generator().manual_seed(1),
+                             dtype=dtype) * 2.8 - 1.4),
+                 GRID_LATTICE.to(dtype)[torch.randint(0, 10, (2, *[3, 5, 4][-spatial:], spatial),
+                                                      generator=torch.Generator().manual_seed(2))]]
+        for grid in grids:
+            for mode in modes:
+                for padding in (0, 1, 2):
+                    for align in (False, True):
+                        if backward:
+                            grad = r(2, 3, *grid.shape[1:-1], seed=3, dtype=dtype)
+                            for mask in ([True, True], [False, True], [True, False]):
+                                cases.append(((grad, x, grid, mode, padding, align, mask), {}))
+                        else:
+                            cases.append(((x, grid, mode, padding, align), {}))
+    return cases
+
+
 # Cases per op: (args, kwargs). Each op's result on CPU is the oracle.
 CASES = {
     aten.as_strided.default: [((r(4, 5), [3, 2], [1, 5], 2), {}), ((r(12), [2, 2, 3], [6, 1, 2], None), {})],
@@ -259,6 +288,9 @@ CASES = {
     aten._embedding_bag_forward_only.default: "test_embedding_bag_equals_the_op_on_cpu",
     aten._embedding_bag_backward.default: "pool",
     aten._embedding_bag_per_sample_weights_backward.default: "pool",
+    aten.grid_sampler_2d_backward.default: grid_cases(2, backward=True),
+    aten.grid_sampler_3d.default: grid_cases(3, backward=False),
+    aten.grid_sampler_3d_backward.default: grid_cases(3, backward=True),
 }
 
 # Backward ops checked against autograd of their forward op (what produces them in a graph).
@@ -466,3 +498,11 @@ def test_embedding_bag_scales_by_each_rows_frequency():
     got = OWN[aten._embedding_bag_backward.default](grad, indices, offsets, bag, torch.zeros(2, dtype=torch.int64),
                                                     torch.zeros(2, dtype=torch.int64), 8, True, 0, False, None, -1)
     _close(got, expected)
+
+
+def test_grid_sampler_stand_in_equals_the_2d_op_forward_too():
+    """The 3-D stand-in's taps are the 2-D op's too: its forward on 2-D inputs (every mode, bicubic
+    included) equals CPU's grid_sampler_2d, so the backward's taps are the forward's."""
+    forward = table.PRIVATE_PIPELINE_OWN[aten.grid_sampler_3d.default]
+    for args, _ in grid_cases(2, backward=False):
+        _close(forward(*args), aten.grid_sampler_2d(*args))

@@ -155,6 +155,9 @@ PRIVATE_PIPELINE_OWN = {
     aten._embedding_bag_forward_only.default: own.embedding_bag,
     aten._embedding_bag_backward.default: own.embedding_bag_backward,
     aten._embedding_bag_per_sample_weights_backward.default: own.embedding_bag_per_sample_weights_backward,
+    aten.grid_sampler_2d_backward.default: own.grid_sampler_backward,
+    aten.grid_sampler_3d.default: own.grid_sampler,
+    aten.grid_sampler_3d_backward.default: own.grid_sampler_backward,
 }
 
 
