@@ -23,6 +23,9 @@ from torch.utils import _pytree as pytree
 from torch_neuronx.runtime import BACKEND_NAME, ops
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _aliases(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     aliases = ops._enter_compiled_call(tensors)
     ops._exit_compiled_call([])
@@ -89,9 +92,13 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (),
     """A kernel for the composite ``op`` (named ``name`` in errors) that runs CPU's route on the
     neuron arguments' bytes. ``cpu_arguments`` are the positions the op takes on the CPU on every
     device (packed sequences' ``batch_sizes``); any other tensor must be on one neuron device.
-    ``draws_random(*args)`` says whether this call draws random numbers."""
+    ``draws_random(*args)`` says whether this call draws random numbers. Traced (fake or
+    functional tensors: torch.compile, export), the op decomposes as for any device but CPU, which
+    is the graph TorchNeuron's compiler is given."""
     def kernel(*args):
         flat, spec = pytree.tree_flatten(list(args))
+        if any(isinstance(leaf, torch.Tensor) and type(leaf) not in _PLAIN for leaf in flat):
+            return op.decompose(*args)
         on_cpu = set()
         for position in cpu_arguments:
             on_cpu.update(id(leaf) for leaf in pytree.tree_leaves(args[position]))
