@@ -17,6 +17,7 @@ import torch_neuronx
 from torch_neuronx import diagnostics
 from torch_neuronx import neuron_dynamo_backend as backend
 from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError
+from torch_neuronx.neuron_dynamo_backend import faithful as front_end
 from torch_neuronx.neuron_dynamo_backend.faithful import lowering
 from torch_neuronx.neuron_dynamo_backend.faithful import xla_program
 
@@ -602,20 +603,85 @@ def small_cnn():
                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
 
 
+def _forward_and_backward(report) -> tuple[dict, dict]:
+    graphs = {g["name"]: g for g in report.compiled_graphs}
+    [name] = [n for n in graphs if not n.endswith(".backward")]
+    assert set(graphs) == {name, f"{name}.backward"}, graphs
+    return graphs[name], graphs[f"{name}.backward"]
+
+
 def test_a_compiled_cnn_training_loop_lowers_forward_and_backward_with_no_cpu_fallback_rows(collect):
     """TorchNeuron compiles a graph whole or not at all: max_pool2d_with_indices, which has no eager
     NeuronCore kernel, runs inside the NEFF here. The report lists both graphs AOTAutograd made, each
-    lowered, and no eager-only finding for their ops."""
+    with its kind, lowered and costed at each of its calls, and no eager-only finding for their ops."""
     model = small_cnn().to(N)
     step = torch.compile(model, backend="neuron")
     x, y = torch.randn(2, 3, 16, 16).to(N), torch.randint(0, 10, (2,)).to(N)
     for _ in range(2):
         F.cross_entropy(step(x), y).backward()
     report = collect()
-    [graph] = report.compiled_graphs
-    assert graph["parts"] == {"forward": "lowered", "backward": "lowered"}, graph
+    forward, backward = _forward_and_backward(report)
+    assert forward["parts"] == {"forward": "lowered"} and backward["parts"] == {"backward": "lowered"}
+    assert forward["calls"] == backward["calls"] == 2
+    assert backward["ops"] > 0 and backward["estimated_ms_per_call"] > 0 and not backward["error"], backward
     assert not {"cpu-fallback", "device-rng", "stablehlo-lowering"} & {f["kind"] for f in report.findings}
-    assert "forward lowered, backward lowered" in str(report)
+    text = str(report)
+    assert f"{forward['name']}: forward lowered" in text and f"{backward['name']}: backward lowered" in text
+
+
+class _UserCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc(F.max_pool2d(F.relu(self.bn(self.conv(x))), 2).flatten(1))
+
+
+@pytest.mark.parametrize("how", ["module.compile", "torch.compile(model)", "compiled loss"])
+def test_every_graph_of_a_cnn_trained_with_an_optimizer_is_listed_with_its_kind(collect, how):
+    torch.manual_seed(0)
+    model = _UserCNN().to(N)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3, 8, 8).to(N), torch.randint(0, 10, (4,)).to(N)
+    if how == "module.compile":
+        model.compile(backend="neuron")
+        loss_of = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+    elif how == "torch.compile(model)":
+        compiled = torch.compile(model, backend="neuron")
+        loss_of = lambda: F.cross_entropy(compiled(x), y)  # noqa: E731
+    else:
+        loss_of = torch.compile(lambda: F.cross_entropy(model(x), y), backend="neuron")
+    for _ in range(3):
+        loss = loss_of()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    forward, backward = _forward_and_backward(collect())
+    assert forward["parts"] == {"forward": "lowered"} and backward["parts"] == {"backward": "lowered"}
+    assert forward["calls"] == backward["calls"] == 3
+
+
+def test_a_lowering_check_that_stops_after_the_forward_says_so(collect, monkeypatch):
+    """An error that is no lowering failure, after the forward lowered: the report says the check
+    stopped and that the backward was not lowered, never that the graph lowered."""
+    lower = front_end._lower
+
+    def backward_breaks(shaped, settings, kind):
+        if kind == "backward":
+            raise RuntimeError("the lowering worker died")
+        return lower(shaped, settings, kind)
+
+    monkeypatch.setattr(front_end, "_lower", backward_breaks)
+    w = torch.randn(8, 8).to(N).requires_grad_()
+    torch.compile(lambda t: (t @ w).sum(), backend="neuron")(torch.randn(2, 8).to(N)).backward()
+    report = collect()
+    forward, backward = _forward_and_backward(report)
+    assert forward["parts"] == {"forward": "lowered"}
+    assert forward["lowering"].startswith("not checked: ") and "the lowering worker died" in forward["lowering"]
+    assert backward["lowering"] == "not lowered" and backward["calls"] == 1
+    text = str(report)
+    assert f"{forward['name']}: forward lowered; not checked: " in text and f"{backward['name']}: not lowered" in text
 
 
 def test_a_backward_that_does_not_lower_is_a_finding_naming_the_backward_graph(collect):
@@ -633,8 +699,9 @@ def test_a_backward_that_does_not_lower_is_a_finding_naming_the_backward_graph(c
     w = torch.randn(8).to(N).requires_grad_()
     torch.compile(lambda t: SpectralGrad.apply(t).sum(), backend="neuron")(w).backward()
     report = collect()
-    parts = [g["parts"] for g in report.compiled_graphs]
-    assert {"forward": "lowered", "backward": "failed: aten._fft_r2c (torch-backend)"} in parts, parts
+    forward, backward = _forward_and_backward(report)
+    assert forward["parts"] == {"forward": "lowered"}
+    assert backward["parts"] == {"backward": "failed: aten._fft_r2c (torch-backend)"}, backward
     [found] = [f for f in report.findings if f["kind"] == "stablehlo-lowering"]
     assert any("backward graph" in d for d in found["details"]), found
 

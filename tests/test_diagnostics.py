@@ -512,6 +512,27 @@ def test_compiled_graphs_are_costed_per_call(collect):
     assert matmul.flops == 2 * (2 * 32 * 64 * 64)
 
 
+def test_a_training_graphs_backward_is_costed_at_each_backward_call(collect):
+    w = torch.ones(64, 64, device=N, requires_grad=True)
+    fn = torch.compile(lambda x: (x @ w).sum(), backend=N, fullgraph=True)
+    x = torch.ones(32, 64, device=N)
+    with diagnostics.phase("train"):
+        for _ in range(3):
+            fn(x).backward()
+    with diagnostics.phase("forward only"):
+        fn(x)
+    report = collect()
+    graphs = {g["name"]: g for g in report.compiled_graphs}
+    [name] = [n for n in graphs if not n.endswith(".backward")]
+    assert graphs[name]["calls"] == 4 and graphs[f"{name}.backward"]["calls"] == 3
+    matmul_flops = 2 * 32 * 64 * 64  # the forward's x @ w, and the backward's x.T @ grad (x needs none)
+    phases = {p.name: p for p in report.phases}
+    train, forward_only = phases["train"], phases["forward only"]
+    assert train.compiled_graph_calls == 6 and forward_only.compiled_graph_calls == 1
+    assert [f.flops for f in train.families if f.family == "matmul"] == [6 * matmul_flops]
+    assert [f.flops for f in forward_only.families if f.family == "matmul"] == [matmul_flops]
+
+
 # ---- how users get it --------------------------------------------------------------------------
 def test_report_api(collect):
     torch.ones(2, 2, device=N).double()

@@ -266,6 +266,6 @@ def assumptions(profile: TrainiumProfile) -> list[str]:
         "FP32 matmuls are costed at the FP32 rate (neuronx-cc's --auto-cast would run them at the BF16 rate).",
         "Host<->device copies and .item() are not in the estimate (they cross the host link, not HBM), "
         "and neither are collectives (NeuronLink/EFA); both are counted.",
-        "Compiled graphs: their forward ops are costed per call; the backward of a compiled training "
-        "graph is not.",
+        "Compiled graphs: each is costed per call by its ops (a training graph's forward at each call, "
+        "its backward graph, as AOTAutograd makes it, at each backward call), unfused.",
     ]

@@ -80,12 +80,13 @@ class CompiledGraph:
 
     @property
     def lowering(self) -> str:
-        """"failed" when any part failed, "lowered" when every part lowered, else why it was not checked."""
+        """"failed" when any part failed, why the check stopped when it did (even after some parts
+        lowered: the others were not), "lowered" when every part lowered."""
         if any(part.startswith("failed") for part in self.parts.values()):
             return "failed"
-        if self.parts:
-            return "lowered"
-        return f"not checked: {self.not_checked}"[:300] if self.not_checked else "not lowered"
+        if self.not_checked:
+            return f"not checked: {self.not_checked}"[:300]
+        return "lowered" if self.parts else "not lowered"
 
 
 class Collector:
@@ -328,14 +329,15 @@ class _SitedInterpreter(torch.fx.Interpreter):
         return super().run_node(node)
 
 
-def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -> None:
-    """Replay a Dynamo graph on FakeTensors: keep its ops, to cost each call of the compiled graph,
-    and check them for findings (what a NEFF would narrow or leave to the CPU) at their user lines."""
+def backward_graph_name(name: str) -> str:
+    """The name of the backward graph AOTAutograd makes of compiled graph ``name``: one NEFF of its own."""
+    return f"{name}.backward"
+
+
+def _replayed(name: str, gm: torch.fx.GraphModule, example_inputs) -> tuple[CompiledGraph, _GraphOpRecorder]:
+    """A graph replayed on FakeTensors, its aten ops recorded (with their user lines)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    collector = _collector
-    if collector is None:
-        return
     recorder = _GraphOpRecorder()
     graph = CompiledGraph(name, recorder.ops)
     try:
@@ -347,6 +349,16 @@ def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -
                 _SitedInterpreter(gm, recorder).run(*inputs)
     except Exception as error:  # a graph we cannot replay is reported, never fatal
         graph.error = f"{type(error).__name__}: {error}"[:200]
+    return graph, recorder
+
+
+def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -> None:
+    """Replay a Dynamo graph on FakeTensors: keep its ops, to cost each call of the compiled graph,
+    and check them for findings (what a NEFF would narrow or leave to the CPU) at their user lines."""
+    collector = _collector
+    if collector is None:
+        return
+    graph, recorder = _replayed(name, gm, example_inputs)
     called_at, _ = findings.user_site()  # the user's call that compiled this graph
     for (op, inputs_meta, results_meta), site in zip(recorder.ops, recorder.sites):
         collector.detector.check_graph_op(op, inputs_meta, results_meta, site or f"{called_at} (compiled)")
@@ -354,13 +366,43 @@ def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -
         collector.graphs[name] = graph
 
 
+def record_backward_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -> None:
+    """The backward graph of compiled graph ``name``, as AOTAutograd made it: its ops cost each
+    backward call. Its findings are the forward's (the same user lines), so none are added here."""
+    collector = _collector
+    if collector is None:
+        return
+    backward = backward_graph_name(name)
+    graph, _ = _replayed(backward, gm, example_inputs)
+    with collector.lock:
+        earlier = collector.graphs.get(backward)  # its lowering may have been recorded first
+        if earlier is not None:
+            graph.parts, graph.stablehlo_ops, graph.lowering_s = earlier.parts, earlier.stablehlo_ops, earlier.lowering_s
+        collector.graphs[backward] = graph
+
+
+def _training_node(outputs) -> torch.autograd.graph.Node | None:
+    """The autograd node that most of a compiled call's outputs come from: its backward graph's call."""
+    nodes = Counter(out.grad_fn for out in tree_leaves(outputs)
+                    if isinstance(out, torch.Tensor) and out.grad_fn is not None)
+    return nodes.most_common(1)[0][0] if nodes else None
+
+
 def count_calls(name: str, compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a compiled graph's callable so each call is counted in the current phase."""
+    """Wrap a compiled graph's callable so each call is counted in the current phase, and each call
+    of its backward graph (when the call trains) in the phase the backward runs in."""
+    backward = backward_graph_name(name)
+
     def call(*args):
         collector = _collector
-        if collector is not None and name in collector.graphs:
-            collector.graph_called(name)
-        return compiled(*args)
+        if collector is None or name not in collector.graphs:
+            return compiled(*args)
+        collector.graph_called(name)
+        outputs = compiled(*args)
+        node = _training_node(outputs)
+        if node is not None:
+            node.register_hook(lambda grad_inputs, grad_outputs: collector.graph_called(backward))
+        return outputs
 
     call.__wrapped__ = compiled
     return call
@@ -374,6 +416,8 @@ def record_lowering(name: str, result: Any, seconds: float, kind: str = "graph")
     if collector is None:
         return
     failed = hasattr(result, "stage")  # lowering.LoweringError
+    if kind == "backward":
+        name = backward_graph_name(name)
     with collector.lock:
         graph = collector.graphs.get(name)
         if graph is None:
@@ -397,5 +441,6 @@ class _CompiledGraphHook:
     """What the compiler calls while collecting (see torch_neuronx.runtime.hooks)."""
 
     record_compiled_graph = staticmethod(record_compiled_graph)
+    record_backward_graph = staticmethod(record_backward_graph)
     count_calls = staticmethod(count_calls)
     record_lowering = staticmethod(record_lowering)

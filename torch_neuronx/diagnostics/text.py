@@ -140,8 +140,11 @@ def _lowering_lines(graphs: list[dict]) -> list[str]:
         kinds = g.get("stablehlo_ops") or {}
         ops = ", ".join(f"{name.removeprefix('stablehlo.')} {n}" for name, n in
                         sorted(kinds.items(), key=lambda item: -item[1])[:8])
-        parts = ", ".join(f"{kind} {status}" for kind, status in (g.get("parts") or {}).items())
-        lines.append(f"    {g['name']}: {parts or g.get('lowering', 'not lowered')}"
+        status = ", ".join(f"{kind} {status}" for kind, status in (g.get("parts") or {}).items())
+        lowering = g.get("lowering", "not lowered")
+        if not status or lowering.startswith("not checked"):
+            status = f"{status}; {lowering}" if status else lowering
+        lines.append(f"    {g['name']}: {status}"
                      + (f", {sum(kinds.values())} ops ({ops}{', ...' if len(kinds) > 8 else ''})" if kinds else ""))
     return lines
 

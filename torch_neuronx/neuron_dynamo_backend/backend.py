@@ -96,6 +96,7 @@ def _settings(gm: torch.fx.GraphModule, options: dict[str, Any]) -> tuple[faithf
     observer = hooks.compiled_graph_observer
     if observer is not None:
         settings.on_lowered = functools.partial(observer.record_lowering, metrics.graph_name)
+        settings.on_backward_graph = functools.partial(observer.record_backward_graph, metrics.graph_name)
     return settings, metrics
 
 

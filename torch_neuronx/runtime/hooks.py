@@ -12,10 +12,13 @@ class CompiledGraphObserver(Protocol):
     def record_compiled_graph(self, graph_name: str, gm: torch.fx.GraphModule, example_inputs: Any) -> None:
         """Called once per graph the backend compiles, before it is compiled."""
 
+    def record_backward_graph(self, graph_name: str, gm: torch.fx.GraphModule, example_inputs: Any) -> None:
+        """The backward graph AOTAutograd made of the graph, once, when it is made."""
+
     def count_calls(self, graph_name: str, call: Callable) -> Callable:
         """Wrap the compiled graph's entry so each call is recorded."""
 
-    def record_lowering(self, graph_name: str, result: Any, seconds: float) -> None:
+    def record_lowering(self, graph_name: str, result: Any, seconds: float, kind: str) -> None:
         """The graph (one of its forward/backward parts) lowered to StableHLO, or the error that
         stopped it (an op that does not lower, or torch-mlir missing)."""
 

@@ -39,6 +39,13 @@ class CompileSettings:
     compiler_args: list[str]
     # (LoweredGraph or the error, seconds, kind: forward, backward or inference): diagnostics
     on_lowered: Callable[[Any, float, str], None] | None = None
+    # (the backward graph AOTAutograd made, its example inputs): diagnostics cost each backward call with it
+    on_backward_graph: Callable[[torch.fx.GraphModule, Any], None] | None = None
+
+
+def _hand_over_backward(settings: CompileSettings, aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> None:
+    if kind == "backward" and settings.on_backward_graph is not None:
+        settings.on_backward_graph(aot_gm, aot_inputs)
 
 
 @dataclasses.dataclass
@@ -197,6 +204,7 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
     xla_program.require_jax()
 
     def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
+        _hand_over_backward(settings, aot_gm, aot_inputs, kind)
         stats.graphs += 1
         shaped = _shape_for_lowering(aot_gm)
         lower_s, compile_s = stats.lower_s, stats.compile_s
@@ -226,6 +234,7 @@ def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: Comp
     from torch._functorch.aot_autograd import aot_module_simplified
 
     def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
+        _hand_over_backward(settings, aot_gm, aot_inputs, kind)
         try:
             _lower(_shape_for_lowering(copy_graph(aot_gm)), settings, kind)
         except lowering.LoweringError:
