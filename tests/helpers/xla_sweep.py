@@ -365,7 +365,9 @@ def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) ->
              "Cases that are not the compiler's are not counted: eager raises on CPU (or on neuron too,",
              "or neuron refuses the inputs), no sample, no backward, or Dynamo compiles no graph for them",
              "on CPU either. Which ops TorchNeuron's private pipeline is taken to lower, and why:",
-             "[compiled-coverage.md](compiled-coverage.md).", ""]
+             "[compiled-coverage.md](compiled-coverage.md). Agreement with TorchNeuron's own compile: the",
+             "counted cases that pass, and those that fail here and fail on Trainium too (by the reasons",
+             "below), of all counted cases.", ""]
     for kind, title in (("modules", "ModuleInfo cases"), ("ops", "OpInfo ops")):
         cases = results[kind]
         if kind == "ops":  # an op passes when both its directions do
@@ -377,12 +379,14 @@ def markdown(results: dict, reasons: dict[str, str], default: dict[str, str]) ->
             counted = sum(any(c["status"] not in NOT_COUNTED for c in cs) for cs in by_op.values())
         else:
             passed, counted = summary(cases)
-        if counted:
-            lines.append(f"- {title}: **{passed} of {counted} pass ({100 * passed / counted:.1f}%)**")
         failing = {n.rsplit(" ", 1)[0] if kind == "ops" else n: c for n, c in sorted(cases.items())
                    if c["status"] not in ("pass", *NOT_COUNTED)}
         shared = sum(_reason(n.rsplit(" ", 1)[0] if kind == "modules" else n, c["status"], reasons,
                              default).startswith("fails on Trainium too") for n, c in failing.items())
+        if counted:
+            agree = passed + shared
+            lines.append(f"- {title}: **{passed} of {counted} pass ({100 * passed / counted:.1f}%)**; agreement with "
+                         f"TorchNeuron's compile **{agree} of {counted} ({100 * agree / counted:.1f}%)**")
         if failing:
             lines.append(f"  - of the {len(failing)} that do not, {shared} fail on Trainium too (by TorchNeuron's "
                          f"own source and the lowering it uses: reasons below), {len(failing) - shared} are ours")

@@ -5,8 +5,6 @@ stock torch-mlir's lowerings, and docs/compiled-coverage.md's rule for the priva
 
 _NOTHING_LOWERS = ("fails on Trainium too: neither TorchNeuron's decompositions.py nor stock torch-mlir "
                    "lowers it, and it is not a composition of ops that lower (so no stand-in)")
-_OWED = ("ours to fix: a composition of ops that lower, so by the rule in compiled-coverage.md TorchNeuron's "
-         "private pipeline is taken to lower it; no stand-in is written here yet")
 _RANDOM_POOL = ("fails on Trainium too: fractional max pooling draws its windows at random; "
                 "TorchNeuron's decompositions.py has no entry and torch-mlir no lowering")
 _SPARSE = "not the compiler's: sparse tensors are refused on neuron, eager too (as by TorchNeuron)"
@@ -28,10 +26,6 @@ REASONS = {
     "geqrf": _LINALG, "ormqr": _LINALG, "svd": _LINALG, "pinverse": _LINALG, "lu": _LINALG, "lu_solve": _LINALG,
     "lu_unpack": _LINALG, "qr": _LINALG, "matrix_exp": _LINALG, "logdet": _LINALG, "det": _LINALG,
     "inverse": _LINALG, "triangular_solve": _LINALG, "norm": _LINALG + " (the nuclear norm is an SVD)",
-    "mode": _OWED, "histogram": _OWED, "histogramdd": _OWED, "_segment_reduce": _OWED, "grid_sampler_3d": _OWED,
-    "grid_sampler_2d": _OWED + " (the backward: torch has no decomposition for grid_sampler_2d_backward)",
-    "nn.functional.grid_sample": _OWED + " (the backward: grid_sampler_2d_backward)",
-    "nn.functional.embedding_bag": _OWED,
     "nn.functional.embedding": _INDEX_0D, "index_add": _INDEX_0D, "index_copy": _INDEX_0D,
     "nonzero_static": _EMPTY, "nn.functional.unfold": _EMPTY, "nn.functional.pad.circular": _EMPTY,
     "_batch_norm_with_update": _EMPTY + " (the empty reserve tensor it returns)",
