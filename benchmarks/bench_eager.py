@@ -6,7 +6,7 @@ and frequency drift hit both sides alike. Reported: the median time per call of
 each side, and the medians of the per-round paired ratio and difference, with the interquartile
 range of the per-round ratios as their spread.
 
-    python benchmarks/bench_eager.py [--json PATH] [--threads N]
+    python benchmarks/bench_eager.py [--json PATH] [--threads N] [--only WORD]
 
 The JSON keeps every sample under "results", each case's summary under "cases" by name (the add of
 1k elements: cases["add 1k"]["ratio"], with "ratio_q1", "ratio_q3", "overhead_us"), and the targets
@@ -119,6 +119,12 @@ def build_cases():
     encoder = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, batch_first=True).eval()
     for name, block in (("nn.TransformerEncoderLayer", encoder), ("pre-LN block (SDPA+MLP)", PreLNBlock().eval())):
         cases.append(Case(f"{name} b4 s128 d256", common.module_forward, (block, x), 6.0, ("ratio", 1.10)))
+    # The layer as most code builds it: sequence first, which PyTorch's fast path (batch_first only)
+    # leaves to the ops of multi-head attention, on CPU and on neuron alike.
+    sequence_first = torch.nn.TransformerEncoderLayer(256, 4, 1024).eval()
+    for seq, batch in ((32, 8), (128, 8)):
+        cases.append(Case(f"nn.TransformerEncoderLayer(256, 4, 1024) s{seq} b{batch}", common.module_forward,
+                          (sequence_first, torch.randn(seq, batch, 256)), 6.0, ("ratio", 1.10)))
     return cases
 
 
@@ -142,7 +148,9 @@ def markdown(results, threads, load):
 
 
 def main():
-    opts = common.arguments(__doc__, threads_help="intra-op threads (both sides)").parse_args()
+    parser = common.arguments(__doc__, threads_help="intra-op threads (both sides)")
+    parser.add_argument("--only", metavar="WORD", help="run only the cases whose name contains WORD")
+    opts = parser.parse_args()
 
     load = common.load_average()  # other busy processes make per-side medians jumpy; pairs hold up
     torch.set_num_threads(opts.threads)  # one process, so both sides share the setting
@@ -150,6 +158,8 @@ def main():
     results = []
     with torch.no_grad():
         for case in build_cases():
+            if opts.only and opts.only not in case.name:
+                continue
             results.append(measure(case))
             r = results[-1]
             print(f"  {r['name']}: {r['cpu_us']:.2f} / {r['neuron_us']:.2f} µs, ratio {r['ratio']:.3f} "

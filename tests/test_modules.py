@@ -176,3 +176,27 @@ instantiate_device_type_tests(TestModule, globals(), only_for=("neuron",))
 
 if __name__ == "__main__":
     run_tests()
+
+
+def _ops_run(module, x):
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        module(x)
+    return {event.key for event in prof.key_averages() if event.key.startswith("aten::")}
+
+
+def test_transformer_encoder_layer_takes_cpus_route_in_eval():
+    """nn.TransformerEncoderLayer's fast path (_transformer_encoder_layer_fwd) lists privateuseone
+    among its devices: with batch_first it runs on neuron as on CPU, without it neither takes it."""
+    for batch_first in (True, False):
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=batch_first).eval()
+        x = torch.randn(2, 5, 32)
+        on_cpu = _ops_run(layer, x)
+        on_neuron = _ops_run(copy.deepcopy(layer).to(N), x.to(N))
+        assert ("aten::_transformer_encoder_layer_fwd" in on_cpu) == batch_first
+        assert on_neuron == on_cpu, on_neuron ^ on_cpu
+        with torch.no_grad():
+            expected = layer(x)
+            torch.testing.assert_close(copy.deepcopy(layer).to(N)(x.to(N)).cpu(), expected, rtol=0, atol=0)
