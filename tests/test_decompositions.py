@@ -288,6 +288,10 @@ CASES = {
     aten._embedding_bag_forward_only.default: "test_embedding_bag_equals_the_op_on_cpu",
     aten._embedding_bag_backward.default: "pool",
     aten._embedding_bag_per_sample_weights_backward.default: "pool",
+    aten.embedding_renorm.default: [((r(10, 4, dtype=dtype) * 2, BAG_INDICES.view(2, 5), 1.5, p), {})
+                                    for dtype in (torch.float32, torch.float64) for p in (2.0, 1.0, 3.0)]
+    + [((r(10, 4), idx(3, 3, 7), 100.0, 2.0), {})],
+    aten.grid_sampler_2d.default: grid_cases(2, backward=False),
     aten.grid_sampler_2d_backward.default: grid_cases(2, backward=True),
     aten.grid_sampler_3d.default: grid_cases(3, backward=False),
     aten.grid_sampler_3d_backward.default: grid_cases(3, backward=True),
@@ -498,11 +502,3 @@ def test_embedding_bag_scales_by_each_rows_frequency():
     got = OWN[aten._embedding_bag_backward.default](grad, indices, offsets, bag, torch.zeros(2, dtype=torch.int64),
                                                     torch.zeros(2, dtype=torch.int64), 8, True, 0, False, None, -1)
     _close(got, expected)
-
-
-def test_grid_sampler_stand_in_equals_the_2d_op_forward_too():
-    """The 3-D stand-in's taps are the 2-D op's too: its forward on 2-D inputs (every mode, bicubic
-    included) equals CPU's grid_sampler_2d, so the backward's taps are the forward's."""
-    forward = table.PRIVATE_PIPELINE_OWN[aten.grid_sampler_3d.default]
-    for args, _ in grid_cases(2, backward=False):
-        _close(forward(*args), aten.grid_sampler_2d(*args))

@@ -83,7 +83,7 @@ PRIVATE_PIPELINE_STAND_INS = (
     "isin", "slice_scatter",
     # torch's composite definitions of ops outside the core ATen opset, and copying views
     "rsub", "_batch_norm_with_update_functional", "_chunk_cat", "_upsample_bilinear2d_aa", "as_strided_copy",
-    "dist", "grid_sampler_2d", "hardsigmoid_backward", "im2col", "logit_backward", "max_unpool2d",
+    "dist", "hardsigmoid_backward", "im2col", "logit_backward", "max_unpool2d",
     "max_unpool3d", "narrow_copy", "permute_copy", "sinc", "special_entr", "special_xlog1py",
     "split_with_sizes_copy", "squeeze_copy", "t_copy", "take", "transpose_copy", "unbind_copy", "unfold",
     "unfold_copy", "unsqueeze_copy", "view_copy", "mvlgamma", "norm", "unfold_backward",
@@ -155,6 +155,8 @@ PRIVATE_PIPELINE_OWN = {
     aten._embedding_bag_forward_only.default: own.embedding_bag,
     aten._embedding_bag_backward.default: own.embedding_bag_backward,
     aten._embedding_bag_per_sample_weights_backward.default: own.embedding_bag_per_sample_weights_backward,
+    aten.embedding_renorm.default: own.embedding_renorm,
+    aten.grid_sampler_2d.default: own.grid_sampler,
     aten.grid_sampler_2d_backward.default: own.grid_sampler_backward,
     aten.grid_sampler_3d.default: own.grid_sampler,
     aten.grid_sampler_3d_backward.default: own.grid_sampler_backward,

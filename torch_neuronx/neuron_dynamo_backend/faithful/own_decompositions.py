@@ -172,7 +172,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     running comparison gives), every (bag, position) pair at once; an empty bag is zeros. Also
     each position's bag, each bag's size (zeros for a sum, as on CPU) and, for the maximum, the row
     chosen per column (for a mean, the sizes again, as on CPU)."""
-    if indices.dim() != 1 or sparse:
+    if indices.dim() != 1:  # (``sparse`` is the gradient's layout: the bags are the same)
         return NotImplemented
     bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     member = _bags(indices, offsets, bags, padding_idx)
@@ -235,6 +235,15 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
             0, indices, torch.ones_like(indices, dtype=grad.dtype))
         each = each / counts[indices].unsqueeze(-1)
     return out.scatter_add(0, indices.view(-1, 1).expand(-1, width), each)
+
+
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """``weight`` with each row that ``indices`` looks up, and whose ``norm_type`` norm exceeds
+    ``max_norm``, scaled by max_norm / (norm + 1e-7) (what embedding's ``max_norm`` does in place)."""
+    looked_up = (indices.reshape(-1, 1) == torch.arange(weight.shape[0], device=weight.device)).any(0)
+    norm = torch.linalg.vector_norm(weight, norm_type, dim=1, keepdim=True)
+    scale = torch.where(looked_up.unsqueeze(-1) & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return weight * scale.to(weight.dtype)
 
 
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
@@ -1285,15 +1294,17 @@ def frexp(x):
 # ---- grid sampling ---------------------------------------------------------------------------------
 
 def _reflect(x, twice_low, twice_high):
-    """``x`` reflected into [low, high] (a triangle wave of period 2 (high - low)), and its slope (+-1)."""
+    """``x`` reflected into [low, high] (a triangle wave of period 2 (high - low)), and its slope (+-1).
+    The remainder is taken by the floor of the quotient (torch-mlir does not lower fmod)."""
     if twice_low == twice_high:
         return torch.zeros_like(x), torch.zeros_like(x)
     low, span = twice_low / 2, (twice_high - twice_low) / 2
     shifted = x - low
     sign = torch.where(shifted < 0, -1.0, 1.0).to(x.dtype)
     shifted = shifted.abs()
-    extra = torch.fmod(shifted, span)
-    even = torch.remainder(torch.floor(shifted / span), 2) == 0
+    flips = torch.floor(shifted / span)
+    extra = shifted - flips * span
+    even = torch.floor(flips / 2) * 2 == flips
     return torch.where(even, extra + low, span - extra + low), torch.where(even, sign, -sign)
 
 
