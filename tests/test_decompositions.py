@@ -214,6 +214,10 @@ CASES = {
     aten.sum.dim_IntList: [((torch.tensor(1.5), [0]), {}), ((torch.tensor(3), None), {"dtype": torch.float32})],
     aten.argmax.default: [((torch.tensor(2.5),), {})],
     aten.argmin.default: [((torch.tensor(2.5), 0, True), {})],
+    aten.scatter.src: [((torch.tensor(2.0, dtype=dtype), 0, torch.tensor(0), torch.tensor(5.0, dtype=dtype)), {})
+                       for dtype in (torch.float32, torch.float64)]
+    + [((torch.tensor(2.0), 0, torch.zeros(0, dtype=torch.int64), torch.tensor([5.0])), {}),
+       ((torch.tensor(2.0), -1, idx(0), torch.tensor([5.0, 6.0])), {})],
     aten.kthvalue.default: [((r(5, 7), 3, 1), {}), ((r(5, 7), 5, 0, True), {})],
     aten.median.default: [((r(5, 7),), {}), ((torch.tensor([1.0, float("nan"), 0.5]),), {})],
     aten.median.dim: [((r(5, 7), 1), {}), ((r(6, 4), 0, True), {}),

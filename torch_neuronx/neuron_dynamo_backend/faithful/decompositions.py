@@ -129,6 +129,7 @@ PRIVATE_PIPELINE_OWN = {
     aten.sum.dim_IntList: own.reduction_of_a_scalar,
     aten.argmax.default: own.arg_of_a_scalar,
     aten.argmin.default: own.arg_of_a_scalar,
+    aten.scatter.src: own.scatter_of_a_scalar,
     aten.masked_scatter_backward.default: own.masked_scatter_backward,
     aten.searchsorted.Tensor: own.searchsorted,
     aten.searchsorted.Scalar: own.searchsorted,

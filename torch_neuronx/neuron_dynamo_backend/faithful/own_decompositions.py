@@ -938,6 +938,17 @@ def reduction_of_a_scalar(x, *args, dtype=None, **kwargs):
     return x.to(dtype) if dtype is not None else x.clone()
 
 
+def scatter_of_a_scalar(x, dim, index, src):
+    """A scatter into a 0-d tensor (what the backward of a value-selecting reduction of one, such as
+    mode's or kthvalue's, makes) is its source's first element, or the tensor when the index is
+    empty: torch-mlir does not lower the scatter."""
+    if x.dim() != 0:
+        return NotImplemented
+    if index.numel() == 0:
+        return x.clone()
+    return src.reshape(-1)[0].to(x.dtype)
+
+
 def arg_of_a_scalar(x, *args, **kwargs):
     """argmax/argmin of a 0-d tensor: position 0."""
     if x.dim() != 0:
