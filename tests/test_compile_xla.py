@@ -480,15 +480,15 @@ def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked
 
 def test_an_op_left_unlowered_is_named_even_when_mlir_blames_its_constant(monkeypatch):
     """torch-mlir reports a constant an unlowered op leaves behind ('torch.constant.int'); the error
-    names the op itself. (aten.mode has no lowering in stock torch-mlir, and neither torch nor
-    TorchNeuron decomposes it.)"""
-    def most_frequent(x):
-        return torch.ops.aten.mode(x, 1)[0]
+    names the op itself. (aten._fft_r2c, with its int arguments, has no lowering: Trainium has no FFT
+    in a compiled graph either.)"""
+    def spectrum(x):
+        return torch.ops.aten._fft_r2c(x, [1], 0, True).real
 
     with pytest.raises(Exception) as raised:
-        compile_xla(most_frequent, "option", monkeypatch)(torch.randn(2, 5).to(N))
+        compile_xla(spectrum, "option", monkeypatch)(torch.randn(2, 5).to(N))
     message = str(raised.value)
-    assert "aten.mode at" in message and "constant." not in message.split(" does not lower")[0]
+    assert "aten._fft_r2c at" in message and "constant." not in message.split(" does not lower")[0]
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse", "leaky_relu", "attention"])

@@ -2,7 +2,9 @@
 
 Layers and cells run CPU's own route on the same bytes (torch_neuronx/python_ops/host_route.py): the
 same kernels on the same shapes and strides as on CPU, so every result (forward, backward, double
-backward, with oneDNN on or off) is CPU's bit for bit on any CPU vendor and vector ISA. The fused
+backward, with oneDNN on or off) is CPU's bit for bit on any CPU vendor and vector ISA. A double
+backward is CPU's to rounding: an output the op saved for its own backward (tanh's result) gets
+gradient contributions on both sides of the bridge, and autograd sums them in another order. The fused
 cell ops, which CPU has no kernel for, are compared against the same formula run on CPU with the same
 shapes (forward: exact) and against autograd through it (backward: to rounding, the chain rule is
 applied in another order).
@@ -149,14 +151,15 @@ def test_double_backward_matches_cpu(kind):
             (gx,) = torch.autograd.grad((out * out).sum(), xd, create_graph=True)
             second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
         results.append([g.cpu() for g in (gx, *second)])
-    for n, c in zip(results[1], results[0]):
-        torch.testing.assert_close(n, c, **EXACT)
+    torch.testing.assert_close(results[1][0], results[0][0], **EXACT)  # the first backward: exact
+    for n, c in zip(results[1][1:], results[0][1:]):
+        torch.testing.assert_close(n, c, **TOL[torch.float32])  # the order of summing (docstring)
 
 
 @pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
 def test_cell_double_backward_matches_cpu(cls):
     """Under create_graph the backward's own graph is CPU's too: the host route's Functions
-    differentiate into each other."""
+    differentiate into each other (to rounding: the docstring's order of summing)."""
     torch.manual_seed(0)
     cell = cls(3, 4)
     x = torch.randn(2, 3)
@@ -169,8 +172,9 @@ def test_cell_double_backward_matches_cpu(cls):
         (gx,) = torch.autograd.grad((out * out).sum(), xd, create_graph=True)
         second = torch.autograd.grad(gx.pow(2).sum(), [xd, *m.parameters()])
         results.append([g.cpu() for g in (gx, *second)])
-    for n, c in zip(results[1], results[0]):
-        torch.testing.assert_close(n, c, **EXACT)
+    torch.testing.assert_close(results[1][0], results[0][0], **EXACT)  # the first backward: exact
+    for n, c in zip(results[1][1:], results[0][1:]):
+        torch.testing.assert_close(n, c, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("mkldnn", [True, False])
