@@ -43,8 +43,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n auto --dist loadfile -m "not long"
 
-# The tests marked long (training under the xla executor, the seed's main job compiled, 20 short
-# processes, diffusers tensor parallel, compiler crashes: minutes of compiling and subprocesses);
+# The tests marked long (training under the xla executor, the newest stand-ins under it, the seed's
+# main job compiled, 20 short processes, diffusers tensor parallel, compiler crashes: minutes of
+# compiling and subprocesses);
 # CI runs them too.
 test-long: setup
 	$(PY) -m pytest -q -n auto --dist loadfile -m long
