@@ -368,16 +368,14 @@ def record_compiled_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -
 
 def record_backward_graph(name: str, gm: torch.fx.GraphModule, example_inputs) -> None:
     """The backward graph of compiled graph ``name``, as AOTAutograd made it: its ops cost each
-    backward call. Its findings are the forward's (the same user lines), so none are added here."""
+    backward call. Its findings are the forward's (the same user lines), so none are added here.
+    The compiler hands it over before lowering it, so its lowering is recorded on this entry."""
     collector = _collector
     if collector is None:
         return
     backward = backward_graph_name(name)
     graph, _ = _replayed(backward, gm, example_inputs)
     with collector.lock:
-        earlier = collector.graphs.get(backward)  # its lowering may have been recorded first
-        if earlier is not None:
-            graph.parts, graph.stablehlo_ops, graph.lowering_s = earlier.parts, earlier.stablehlo_ops, earlier.lowering_s
         collector.graphs[backward] = graph
 
 

@@ -1,7 +1,7 @@
 """CPU's own route for a composite op, run on the neuron tensors' bytes.
 
-Some composite ops (CompositeImplicitAutograd: the RNN layers and cells, the transformer encoder's
-fast path) choose their route by device: on CPU one sequence of kernels, on any other device
+Some composite ops (CompositeImplicitAutograd, such as the RNN layers and cells) choose their route
+by device: on CPU one sequence of kernels, on any other device
 another. The second rounds differently, and an imitation of the first written from neuron ops is
 exact only where every kernel happens to get the same shapes and strides as CPU's. So these ops run
 the CPU composite itself: the neuron arguments become CPU aliases of the same bytes (no copies),
@@ -39,28 +39,36 @@ def _adopted(cpu_tensors: list[torch.Tensor], device: torch.device) -> list[torc
     return list(ops._exit_compiled_call(cpu_tensors))
 
 
+def _across(function: type[torch.autograd.Function], device: torch.device, grads) -> tuple:
+    """The gradients that are there taken across by ``function`` (the other direction); a missing
+    one stays missing (no zeros made and carried across)."""
+    present = [g for g in grads if g is not None]
+    crossed = iter(function.apply(device, *present) if present else ())
+    return (None, *(None if g is None else next(crossed) for g in grads))
+
+
 class _IntoHost(torch.autograd.Function):
     @staticmethod
     def forward(ctx, device, *tensors):
         ctx.device = device
+        ctx.set_materialize_grads(False)
         return tuple(_aliases(list(tensors)))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, *_OutOfHost.apply(ctx.device, *grads))
+        return _across(_OutOfHost, ctx.device, grads)
 
 
 class _OutOfHost(torch.autograd.Function):
     @staticmethod
     def forward(ctx, device, *cpu_tensors):
+        ctx.device = device
         ctx.set_materialize_grads(False)
         return tuple(_adopted(list(cpu_tensors), device))
 
     @staticmethod
     def backward(ctx, *grads):
-        present = [g for g in grads if g is not None]
-        aliases = iter(_IntoHost.apply(present[0].device, *present) if present else ())
-        return (None, *(None if g is None else next(aliases) for g in grads))
+        return _across(_IntoHost, ctx.device, grads)
 
 
 def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:

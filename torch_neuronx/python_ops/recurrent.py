@@ -93,7 +93,7 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
 # composites that pick their route by device: on CPU one input projection for all time steps and
 # unfused cells (or oneDNN, CPU's default for float32/bfloat16 LSTM), elsewhere step by step through
 # the fused cells above. Neuron runs CPU's route itself on the same bytes (see host_route), so its
-# results are CPU's bit for bit on every machine.
+# results are CPU's bit for bit on every machine (a double backward to rounding: tests/test_rnn.py).
 _LAYERS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 _CELLS = ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
 
