@@ -72,12 +72,12 @@ def summary(plan):
     peaks = [r["peak_bytes"] for r in ranks]
     ops = {}
     for c in ranks[0]["collectives"] if ranks else []:
-        ops[c["op"]] = ops.get(c["op"], 0) + 1
+        ops[c["op"]] = ops.get(c["op"], 0) + c["calls"]
     return {"world_size": plan["world_size"], "capacity_bytes": plan["capacity_bytes"],
             "peak_bytes_min": min(peaks, default=0), "peak_bytes_max": max(peaks, default=0),
             "per_rank_peak_bytes": peaks, "over_capacity": len(plan["over_capacity"]),
-            "rank0_collectives": len(ranks[0]["collectives"]) if ranks else 0, "rank0_collectives_by_op": ops,
-            "communication_seconds": plan["communication"]["seconds"], "divergence": plan["divergence"],
+            "rank0_collectives": ranks[0]["collective_calls"] if ranks else 0, "rank0_collectives_by_op": ops,
+            "communication_seconds": plan["communication"]["seconds"], "step_seconds": plan["time"]["step_seconds"], "divergence": plan["divergence"],
             "script_runs": plan["simulation"]["script_runs"], "symmetry": plan["simulation"].get("symmetry"),
             "errors": [r["error"] for r in ranks if "error" in r]}
 

@@ -41,15 +41,11 @@ def get_op_signatures() -> dict[str, int]:
 def write(result: Report, directory: str) -> dict[str, str]:
     """Write ``result`` as report.txt, report.json and report.html into ``directory``; returns the paths."""
     from torch_neuronx.diagnostics import html
+    from torch_neuronx.runtime import outputs
 
-    os.makedirs(directory, exist_ok=True)
-    paths = {kind: os.path.join(directory, f"report.{kind}") for kind in ("txt", "json", "html")}
-    for kind, content in (("txt", str(result)), ("json", result.to_json()), ("html", html.render(result))):
-        tmp = paths[kind] + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(content + "\n")
-        os.replace(tmp, paths[kind])
-    return paths
+    written = outputs.write_files(directory, {f"report.{kind}": content + "\n" for kind, content in (
+        ("txt", str(result)), ("json", result.to_json()), ("html", html.render(result)))})
+    return {name.split(".")[1]: path for name, path in written.items()}
 
 
 def _print_at_exit() -> None:

@@ -63,6 +63,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     """The ``neuron`` Dynamo backend: check, host graph, compile for the chosen executor, wrap."""
     options = _check_arguments(example_inputs, mode, options)
     settings, metrics = _settings(gm, options)
+    if hooks.graph_simulator is not None:  # the plan simulator: fake tensors, nothing to compile
+        return hooks.graph_simulator(gm, example_inputs, metrics.graph_name)
     observer = hooks.compiled_graph_observer  # diagnostics, when they observe: cost each call of this graph
     try:
         start = time.perf_counter()

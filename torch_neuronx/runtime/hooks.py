@@ -29,3 +29,14 @@ compiled_graph_observer: CompiledGraphObserver | None = None
 def install_compiled_graph_observer(observer: CompiledGraphObserver | None) -> None:
     global compiled_graph_observer
     compiled_graph_observer = observer
+
+
+# The plan simulator's stand-in for compiling (simulate/compiled.py): while it is set, the backend
+# hands each graph to it, and runs what it returns, instead of compiling the graph for the host.
+# Its arguments: the Dynamo graph, its example inputs, the graph's name.
+graph_simulator: Callable[[torch.fx.GraphModule, Any, str], Callable] | None = None
+
+
+def install_graph_simulator(simulator: Callable | None) -> None:
+    global graph_simulator
+    graph_simulator = simulator

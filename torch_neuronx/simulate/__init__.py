@@ -22,6 +22,7 @@ import os
 import time
 
 from torch_neuronx.runtime import hardware
+from torch_neuronx.simulate.steps import step  # noqa: F401  (the program's step marker)
 
 DEFAULT_OUT = "neuron_plan"
 
@@ -98,12 +99,7 @@ def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc
         why = None if all_ranks else _why_not_symmetric(done, size)
         if why is None and not all_ranks:
             tiling = symmetry.Tiling(size)
-            records = []
-            for rank in range(size):
-                rec = done.get(rank) or symmetry.relabel(done[0], rank, tiling)
-                if rank not in done:
-                    rec.relabelled_from = 0
-                records.append(rec)
+            records = [done.get(rank) or symmetry.relabel_lightly(done[0], rank, tiling) for rank in range(size)]
         else:
             rest = [r for r in range(size) if r not in done]
             if not any(rec.error for rec in done.values()):
@@ -113,6 +109,8 @@ def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc
         gc.unfreeze()
     layout = plan.Layout(instance, lnc, nnodes, nproc_per_node)
     runs = sum(1 for rec in records if rec.relabelled_from is None)
+    if progress is not None and runs < len(records):
+        progress(None, None)  # the runs are done; relabelling and costing the rest
     result = plan.build(records, layout, capacity, script, argv, time.perf_counter() - start, runs)
     result["simulation"]["symmetry"] = {
         "used": runs < len(records), "jobs": jobs,

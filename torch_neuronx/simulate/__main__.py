@@ -1,5 +1,8 @@
 """``python -m torch_neuronx.simulate``: check a torchrun program's plan for N x M ranks in one process.
 
+``--recost plan.json`` costs a written plan again for another ``--instance`` or ``--lnc`` from
+its recorded calls, without running the program.
+
 Exit status: 0 when the plan holds (every rank within its HBM, the ranks agreeing on their
 collectives, and under --numerics the values equal to one device's); 1 when it does not (the plan
 is still written); 2 for bad input (unknown instance, more ranks per node than cores, no script).
@@ -20,10 +23,10 @@ def parse(argv):
                                "instance's links; ranks that disagree on their collectives fail.")
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="ranks per node (torchrun's)")
     parser.add_argument("--nnodes", type=int, default=None, help="nodes (instances) of the job (default 1)")
-    parser.add_argument("--instance", default="trn2.48xlarge",
+    parser.add_argument("--instance", default=None,
                         help="instance type of each node (trn2.48xlarge, trn2.3xlarge, trn3-gen1, ...), N of them "
                              "as '2xtrn2.48xlarge', or an UltraServer (trn2-ultraserver, trn3-gen1-ultraserver, "
-                             "trn3-gen2-ultraserver); default trn2.48xlarge")
+                             "trn3-gen2-ultraserver); default trn2.48xlarge (with --recost: the plan's)")
     parser.add_argument("--lnc", type=int, default=None, help="logical NeuronCore config (default: the chip's, 2)")
     parser.add_argument("--numerics", action="store_true",
                         help="run with real values (LocalTensorMode) and compare the program's top-level tensors "
@@ -38,7 +41,10 @@ def parse(argv):
                              "the program does the same on every rank")
     parser.add_argument("--out", default="neuron_plan", help="directory of plan.json, plan.txt, plan.html")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict")
-    parser.add_argument("script", help="the program, as torchrun would be given it")
+    parser.add_argument("--recost", metavar="PLAN_JSON", default=None,
+                        help="cost a written plan.json again on --instance/--lnc (what-if), from the calls it "
+                             "recorded; the program is not run (give no script)")
+    parser.add_argument("script", nargs="?", help="the program, as torchrun would be given it")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the program's arguments")
     return parser, parser.parse_args(argv)
 
@@ -47,6 +53,12 @@ def main(argv=None) -> int:
     parser, args = parse(argv)
     from torch_neuronx import simulate
 
+    if args.recost:
+        return recost(args)
+    if not args.script:
+        print(f"{PROG}: error: give the program to simulate (the script torchrun would run), or --recost "
+              "PLAN_JSON to re-cost a written plan", file=sys.stderr)
+        return 2
     script = os.path.abspath(args.script)
     if not os.path.isfile(script):
         print(f"{PROG}: error: the script {args.script!r} does not exist (looked for {script}); give the path of "
@@ -56,11 +68,12 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: --jobs {args.jobs}: give 1 or more ranks to simulate at once", file=sys.stderr)
         return 2
     try:
-        instance, nnodes, lnc = simulate.resolve(args.instance, args.nnodes, args.nproc_per_node, args.lnc)
+        instance, nnodes, lnc = simulate.resolve(args.instance or "trn2.48xlarge", args.nnodes, args.nproc_per_node,
+                                                 args.lnc)
     except simulate.PlanError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    from torch_neuronx.simulate import plan as plans
+    from torch_neuronx.simulate import render
 
     if args.numerics:
         from torch_neuronx.simulate import numerics
@@ -68,21 +81,71 @@ def main(argv=None) -> int:
         outputs = [n.strip() for n in args.outputs.split(",") if n.strip()] if args.outputs else None
         result = numerics.run(script, args.args, instance, nnodes, args.nproc_per_node, lnc, outputs)
     else:
-        def progress(rank, rec):
-            if not args.quiet and (rank % 8 == 7 or rec.error or rank == 0):
-                print(f"simulated rank {rank}", file=sys.stderr, flush=True)
-
+        progress = None if args.quiet else Progress(args.nproc_per_node * nnodes)
         result = simulate.structure(script, args.args, instance, nnodes, args.nproc_per_node, lnc, progress,
                                     jobs=args.jobs, all_ranks=args.all_ranks)
-    plans.write(result, args.out)
+    render.write(result, args.out)
+    return report(result, args.out, args.quiet)
+
+
+class Progress:
+    """Ranks done and time elapsed, on standard error, for long simulations."""
+
+    def __init__(self, world: int):
+        import time
+
+        self.world, self.done, self.start, self.clock = world, 0, time.perf_counter(), time.perf_counter
+
+    def __call__(self, rank, rec) -> None:
+        elapsed = self.clock() - self.start
+        if rank is None:
+            print(f"simulated {self.done} rank(s) in {elapsed:.0f} s; the other {self.world - self.done} are their "
+                  "relabelling: costing the plan", file=sys.stderr, flush=True)
+            return
+        self.done += 1
+        if self.done <= 2 or self.done % 8 == 0 or rec.error or self.done == self.world:
+            failed = f" (failed: {rec.error.splitlines()[0][:120]})" if rec.error else ""
+            print(f"simulated rank {rank}: {self.done} of {self.world} ranks done, {elapsed:.0f} s elapsed{failed}",
+                  file=sys.stderr, flush=True)
+
+
+def recost(args) -> int:
+    import json
+
+    from torch_neuronx import simulate
+    from torch_neuronx.simulate import plan as plans, render
+
+    try:
+        with open(args.recost, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError) as error:
+        print(f"{PROG}: error: cannot read the plan {args.recost!r} ({error}): give the plan.json a simulation "
+              "wrote", file=sys.stderr)
+        return 2
+    if args.script:
+        print(f"{PROG}: error: --recost runs nothing: give no script (the plan names {old.get('script')!r})",
+              file=sys.stderr)
+        return 2
+    try:
+        name = args.instance or old.get("instance", "")
+        same_chip = simulate.resolve(name, None, 1, None)[0].chip.name == old.get("chip")
+        lnc = args.lnc if args.lnc is not None else old.get("lnc") if same_chip else None
+        nnodes = None if "x" in name.split(".")[0] or name in simulate.hardware.SYSTEMS else args.nnodes or old.get("nnodes")
+        instance, nnodes, lnc = simulate.resolve(name, nnodes, old.get("nproc_per_node", 1), lnc)
+        layout = plans.Layout(instance, lnc, nnodes, old["nproc_per_node"])
+        result = plans.recost(old, layout, instance.chip.core_memory(lnc), args.recost)
+    except (simulate.PlanError, ValueError, KeyError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    render.write(result, args.out)
     return report(result, args.out, args.quiet)
 
 
 def report(result: dict, out: str, quiet: bool) -> int:
-    from torch_neuronx.simulate import plan as plans
+    from torch_neuronx.simulate import render
 
     if not quiet:
-        sys.stdout.write(plans.text(result))
+        sys.stdout.write(render.text(result))
     where = os.path.join(out, "plan.json")
     if result.get("mode") == "numerics":
         if not result["numerics"]["ok"]:

@@ -1,45 +1,30 @@
-"""The plan: each rank's peak memory against its core's HBM, its collectives, their estimated time
-on the instance's links, and whether the ranks agree on their collectives.
+"""The plan: each rank's peak memory against its core's HBM, its collectives, its time on Trainium
+(compute, launches and collectives, per marked step), and whether the ranks agree on their
+collectives. Built from the ranks' records (:func:`build`), or again from a written plan for
+another instance (:func:`recost`); rendered by :mod:`.render`.
 
-The time estimate is a bandwidth model: each collective moves its ring algorithm's bytes (an
-all_reduce 2(n-1)/n of its buffer, an all_gather or reduce_scatter (n-1)/n, a broadcast all of it)
-over the slowest link its group crosses (between instances: EFA, or NeuronLink inside an
-UltraServer; between chips: NeuronLink; inside a chip: unpublished, the chip's NeuronLink rate is
-assumed), that link's bandwidth shared by the group's ranks on one side of it. Latency, concurrent
-groups sharing a link, and overlap with compute are not modelled; the plan says so.
+Time follows :mod:`torch_neuronx.diagnostics.time_model`, the model the readiness report uses:
+a rank's op calls costed on its logical core (eager calls each launched, compiled graphs fused),
+each collective its ring steps' latency plus its bytes over the slowest link its group crosses
+(between instances: EFA, or NeuronLink inside an UltraServer; between chips: NeuronLink; inside
+a chip: unpublished, the chip's NeuronLink rate is assumed), that link's bandwidth shared by the
+group's ranks on one side of it.
 """
 from __future__ import annotations
 
-import html
-import json
 import os
 from collections import Counter, defaultdict
 
-from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges as ranges
+from torch_neuronx.diagnostics import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
+from torch_neuronx.runtime.units import id_ranges as ranges
 
-SCHEMA = 1
-# Bytes moved per byte of the call's buffer, as a function of the group's size (ring algorithms).
-_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n, "all_reduce_coalesced": lambda n: 2 * (n - 1) / n,
-    "barrier": lambda n: 0.0, "send": lambda n: 1.0, "recv": lambda n: 1.0,
-    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-}
-ASSUMPTIONS = [
-    "bandwidth model only: no per-call latency, no overlap with compute, each collective alone on its links",
-    "ring algorithms: all_reduce moves 2(n-1)/n of its buffer, all_gather/reduce_scatter/all_to_all (n-1)/n",
+SCHEMA = 2  # 2: time (compute, launches, collectives' latency), steps, grouped collectives, recorded work
+LINK_ASSUMPTIONS = [
     "between two cores of one chip: not published; the chip's NeuronLink bandwidth is assumed",
-    "a link's bandwidth is shared evenly by the group's ranks that use it",
+    "a link's bandwidth is shared evenly by the group's ranks that use it; groups running at once on one link "
+    "do not slow each other",
 ]
-
-
-class DivergenceError(Exception):
-    """Ranks of one process group called different collectives."""
-
-    def __init__(self, message: str, details: dict):
-        super().__init__(message)
-        self.details = details
 
 
 class Layout:
@@ -48,6 +33,7 @@ class Layout:
     def __init__(self, instance: Instance, lnc: int, nnodes: int, nproc_per_node: int):
         self.instance, self.lnc, self.nnodes, self.nproc = instance, lnc, nnodes, nproc_per_node
         self.cores_per_chip = instance.chip.physical_cores // lnc
+        self._links: dict[tuple, tuple[str, float]] = {}
 
     def node(self, rank: int) -> int:
         return rank // self.nproc
@@ -57,6 +43,12 @@ class Layout:
 
     def link(self, ranks) -> tuple[str, float]:
         """(the slowest link a group crosses, the bandwidth each of its ranks gets on it)."""
+        ranks = tuple(ranks)
+        if ranks not in self._links:
+            self._links[ranks] = self._link(ranks)
+        return self._links[ranks]
+
+    def _link(self, ranks) -> tuple[str, float]:
         links = self.instance.links
         nodes = Counter(self.node(r) for r in ranks)
         chips = Counter((self.node(r), self.chip(r)) for r in ranks)
@@ -67,13 +59,6 @@ class Layout:
         if len(chips) > 1:
             return "NeuronLink", links.chip_bytes_per_s / max(chips.values())
         return "on chip (assumed)", links.chip_bytes_per_s / max(1, len(ranks))
-
-
-def seconds(op: str, nbytes: int, n: int, bandwidth: float) -> float:
-    if n <= 1 or bandwidth <= 0:
-        return 0.0
-    factor = _FACTOR.get(op, lambda n: (n - 1) / n)(n)
-    return factor * nbytes / bandwidth
 
 
 def check_divergence(records) -> dict | None:
@@ -115,139 +100,198 @@ def check_divergence(records) -> dict | None:
     return None
 
 
-def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: float, runs: int) -> dict:
-    links = layout.instance.links
-    groups: dict[tuple, str] = {}
-    group_rows = []
-    ranks, over = [], []
-    link_totals: dict[str, float] = defaultdict(float)
-    for rec in records:
-        calls, total = [], 0.0
+# ---- the records, as the plan costs them --------------------------------------------------------
+def grouped_collectives(rec) -> dict[tuple, int]:
+    """{(op, ranks, bytes, shapes, line, step): calls} of a record, in the order first called;
+    a relabelled record's groups translated (symmetry.relabel_lightly)."""
+    cached = getattr(rec, "grouped", None)
+    if cached is None:
+        cached = {}
         for c in rec.collectives:
-            if c.ranks not in groups:
-                groups[c.ranks] = f"g{len(groups)}"
-                link, bw = layout.link(c.ranks)
-                group_rows.append({"name": groups[c.ranks], "ranks": ranges(c.ranks), "size": len(c.ranks),
+            key = (c.op, c.ranks, c.bytes, c.shapes, c.line, c.step)
+            cached[key] = cached.get(key, 0) + 1
+    translate = getattr(rec, "group_map", None)
+    if not translate:
+        return cached
+    return {(op, translate.get(g, g), b, s, line, step): n for (op, g, b, s, line, step), n in cached.items()}
+
+
+def _compute_spans(profile, rec) -> dict:
+    """{step: Span} of a record's op calls and launches (no collectives yet)."""
+    spans = {}
+    for step in set(rec.work) | set(rec.launches):
+        launches = rec.launches.get(step, {})
+        spans[step] = time_model.Span(time_model.work_span(profile, Counter(rec.work.get(step, {}))),
+                                      launches.get("eager", 0), launches.get("graph", 0))
+    return spans
+
+
+def _seconds_pair(span: time_model.Span, per: int = 1) -> list[float]:
+    return [s / per for s in span.seconds()]
+
+
+def _step_rows(spans: dict, steps: dict) -> dict:
+    """Each marked step's time: per step (the mean over its calls), per token or sequence."""
+    rows = {}
+    for name, info in steps.items():
+        span, count = spans.get(name, time_model.Span()), max(1, info["count"])
+        row = {"count": info["count"], "tokens": info["tokens"], "sequences": info["sequences"],
+               "seconds": _seconds_pair(span, count), "compute_seconds": span.compute_s / count,
+               "launch_seconds": [s / count for s in span.launch_s()],
+               "eager_launches": span.eager_launches / count, "graph_launches": span.graph_launches / count,
+               "communication_seconds": span.comm_s / count, "communication_latency_seconds":
+                   span.comm_latency_s / count}
+        for unit in ("tokens", "sequences"):
+            if info[unit]:
+                row[f"per_{unit[:-1]}_seconds"] = _seconds_pair(span, count * info[unit])
+                row[f"{unit}_per_second"] = [info[unit] / s if s else 0.0 for s in reversed(row["seconds"])]
+        rows[name] = row
+    return rows
+
+
+def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: float, runs: int,
+          divergence: dict | None = None) -> dict:
+    """The plan of ``records`` on ``layout`` (a dict: plan.json). ``divergence``, when given, is
+    taken as found (re-costing a plan); else the records are checked."""
+    profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
+    groups: dict[tuple, str] = {}
+    group_rows, ranks, over = [], [], []
+    compute_cache: dict[int, dict] = {}
+    recorded = {}
+    for rec in records:
+        if id(rec.work) not in compute_cache:
+            compute_cache[id(rec.work)] = _compute_spans(profile, rec)
+        spans = {step: time_model.Span(**vars(span)) for step, span in compute_cache[id(rec.work)].items()}
+        calls = []
+        for (op, group, nbytes, shapes, line, step), n in grouped_collectives(rec).items():
+            if group not in groups:
+                groups[group] = f"g{len(groups)}"
+                link, bw = layout.link(group)
+                group_rows.append({"name": groups[group], "ranks": ranges(group), "size": len(group),
                                    "link": link, "bytes_per_s_per_rank": bw})
-            link, bw = layout.link(c.ranks)
-            t = seconds(c.op, c.bytes, len(c.ranks), bw)
-            total += t
-            link_totals[link] += t if rec.rank == 0 else 0.0
-            calls.append({"op": c.op, "group": groups[c.ranks], "bytes": c.bytes, "shapes": c.shapes,
-                          "line": c.line, "seconds": t})
+            link, bw = layout.link(group)
+            latency, transfer = time_model.collective_seconds(op, nbytes, len(group), bw, link)
+            span = spans.setdefault(step, time_model.Span())
+            span.comm_latency_s += n * latency
+            span.comm_transfer_s += n * transfer
+            calls.append({"op": op, "group": groups[group], "bytes": nbytes, "shapes": shapes, "line": line,
+                          "step": step, "calls": n, "seconds": latency + transfer})
+        whole = time_model.Span()
+        for span in spans.values():
+            whole.add(span)
         entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
                  "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
                  "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
-                 "communication_seconds": total, "collectives": calls}
-        if rec.over is not None:
+                 "step_seconds": list(whole.seconds()), "compute_seconds": whole.compute_s,
+                 "launch_seconds": list(whole.launch_s()), "eager_launches": whole.eager_launches,
+                 "graph_launches": whole.graph_launches, "communication_seconds": whole.comm_s,
+                 "communication_latency_seconds": whole.comm_latency_s,
+                 "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
+                 "steps": _step_rows(spans, rec.steps)}
+        if rec.over is not None and rec.over.bytes_live > capacity:
             entry["over_capacity"] = {"line": rec.over.line, "site": rec.over.site, "op": rec.over.op,
                                       "allocation_bytes": rec.over.allocation, "live_bytes": rec.over.bytes_live}
+        elif not entry["fits"]:  # re-costed for a smaller HBM: where it crossed is not known
+            entry["over_capacity"] = {"line": None, "site": None, "op": None, "allocation_bytes": None,
+                                      "live_bytes": rec.peak_bytes}
+        if "over_capacity" in entry:
             over.append({"rank": rec.rank, "peak_bytes": rec.peak_bytes, **entry["over_capacity"]})
         if rec.error:
             entry["error"] = {"message": rec.error, "line": rec.error_line}
         if getattr(rec, "relabelled_from", None) is not None:
             entry["relabelled_from"] = rec.relabelled_from  # not run: that rank's record, groups translated
+        else:
+            recorded[str(rec.rank)] = record_json(rec)
         ranks.append(entry)
-    slowest = max(ranks, key=lambda r: r["communication_seconds"]) if ranks else None
+    checked = [rec for rec in records if getattr(rec, "relabelled_from", None) is None]
     return {
         "schema": SCHEMA, "mode": "structure", "script": os.path.abspath(script), "args": list(argv),
         "instance": layout.instance.name, "chip": layout.instance.chip.name, "lnc": layout.lnc,
         "nnodes": layout.nnodes, "nproc_per_node": layout.nproc, "world_size": len(records),
-        "capacity_bytes": capacity, "ranks": ranks, "over_capacity": over, "groups": group_rows,
+        "capacity_bytes": capacity, "time": time_summary(ranks, profile, layout), "ranks": ranks,
+        "over_capacity": over, "groups": group_rows,
         "communication": {
-            "slowest_rank": slowest["rank"] if slowest else None,
-            "seconds": slowest["communication_seconds"] if slowest else 0.0,
-            "rank0_seconds_by_link": dict(link_totals),
-            "sources": [links.source], "assumptions": ASSUMPTIONS,
+            "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
+            "seconds": max((r["communication_seconds"] for r in ranks), default=0.0),
+            "sources": [layout.instance.links.source], "assumptions": LINK_ASSUMPTIONS,
         },
-        "divergence": check_divergence(records),
+        "divergence": divergence if divergence is not None else check_divergence(checked),
         "simulation": {"elapsed_seconds": elapsed, "script_runs": runs},
+        "recorded": recorded,
     }
 
 
-def text(plan: dict) -> str:
-    out = [f"neuron plan: {os.path.basename(plan['script'])} as {plan['world_size']} ranks on "
-           f"{plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}, {plan['nproc_per_node']} ranks per node)"]
-    if plan.get("mode") == "numerics":
-        out.append(numerics_text(plan))
-        return "\n".join(out) + "\n"
-    cap = plan["capacity_bytes"]
-    peaks = [r["peak_bytes"] for r in plan["ranks"]]
-    out.append(f"HBM per rank: {format_bytes(cap)}; peak {format_bytes(min(peaks))} to {format_bytes(max(peaks))}")
-    if plan["divergence"]:
-        out.append("ERROR " + plan["divergence"]["message"])
-    for o in plan["over_capacity"]:
-        out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; "
-                   f"crossed by a {format_bytes(o['allocation_bytes'])} allocation ({o['op']}) at "
-                   f"{o['line'] or o['site'] or 'an unknown line'}")
-    sim = plan.get("simulation", {})
-    sym = sim.get("symmetry") or {}
-    if sym.get("used"):
-        out.append(f"ran {sim['script_runs']} of {plan['world_size']} ranks (0 and the last): the program never used "
-                   f"its rank and the last rank's record is rank 0's with its groups translated; the others are "
-                   f"rank 0's relabelled (--all-ranks runs each)")
-    elif sym.get("why_every_rank_ran"):
-        out.append(f"ran every rank: {sym['why_every_rank_ran']}")
-    comm = plan["communication"]
-    out.append(f"communication: about {format_seconds(comm['seconds'])} on the slowest rank "
-               f"({comm['slowest_rank']}) per run of the program, bandwidth only")
-    out.append("groups: " + "; ".join(f"{g['name']} = ranks {g['ranks']} over {g['link']}" for g in plan["groups"][:12])
-               + (f"; ... {len(plan['groups']) - 12} more" if len(plan["groups"]) > 12 else ""))
-    out.append("")
-    out.append(f"{'rank':>5} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10}")
-    for r in plan["ranks"]:
-        out.append(f"{r['rank']:>5} {r['node']:>4} {r['chip']:>4} {format_bytes(r['peak_bytes']):>11} "
-                   f"{100 * r['peak_bytes'] / cap:>6.1f}% {len(r['collectives']):>11} "
-                   f"{format_seconds(r['communication_seconds']):>10}" + ("" if r["fits"] else "  OVER"))
-    first = plan["ranks"][0] if plan["ranks"] else None
-    if first:
-        counted = Counter((c["op"], c["group"], c["bytes"], c["line"]) for c in first["collectives"])
-        out += ["", f"rank 0's collectives ({len(first['collectives'])}), grouped:"]
-        for (op, group, nbytes, line), n in sorted(counted.items(), key=lambda kv: -kv[1] * kv[0][2])[:20]:
-            out.append(f"  {n:>4} x {op} of {format_bytes(nbytes)} on {group} at {line}")
-    out += ["", "bandwidth sources: " + "; ".join(comm["sources"]),
-            "not modelled: " + "; ".join(comm["assumptions"]),
-            "cannot see: real link timing and contention, EFA and placement-group setup, the compiler's NEFFs "
-            "and their memory, the runtime's own buffers beyond its fixed reservation"]
-    return "\n".join(out) + "\n"
+def time_summary(ranks: list[dict], profile, layout: Layout) -> dict:
+    """The job's time: the slowest rank's (ranks wait for each other at their collectives)."""
+    if not ranks:
+        return {}
+    slowest = max(ranks, key=lambda r: r["step_seconds"][1])
+    return {"step_seconds": [max(r["step_seconds"][0] for r in ranks), slowest["step_seconds"][1]],
+            "slowest_rank": slowest["rank"], "steps": slowest["steps"], "profile": profile.as_dict(),
+            "calibration": time_model.CALIBRATION.as_dict(), "assumptions": time_model.assumptions(),
+            "sources": [profile.source, layout.instance.links.source]}
 
 
-def numerics_text(plan: dict) -> str:
-    num = plan["numerics"]
-    lines = [f"numerics: {'PASS' if num['ok'] else 'FAIL'} against one device ({num['tolerance']})"]
-    for name, row in num["outputs"].items():
-        lines.append(f"  {name}: max |difference| over ranks {row['max_abs_difference']:.3g} "
-                     f"({'ok' if row['ok'] else 'differs'}; worst rank {row['worst_rank']})")
-    return "\n".join(lines)
+# ---- what a plan keeps to be re-costed ----------------------------------------------------------
+def record_json(rec) -> dict:
+    """What re-costing a run rank needs beyond its entry: its op calls' work, launches and steps."""
+    def steps_of(table):
+        return [{"step": step, "items": items} for step, items in table.items()]
+
+    return {"work": steps_of({s: [[p, f, b, n] for (p, f, b), n in w.items()] for s, w in rec.work.items()}),
+            "launches": steps_of(rec.launches), "steps": rec.steps}
 
 
-def page(plan: dict) -> str:
-    """A self-contained HTML page of the plan (no scripts, no external files)."""
-    e = html.escape
-    body = [f"<h1>Neuron plan: {e(os.path.basename(plan['script']))}</h1>",
-            f"<pre>{e(text(plan))}</pre>"]
-    if plan.get("mode") != "numerics":
-        cap = plan["capacity_bytes"]
-        rows = "".join(
-            f"<tr class='{'over' if not r['fits'] else ''}'><td>{r['rank']}</td><td>{r['node']}</td><td>{r['chip']}</td>"
-            f"<td>{e(format_bytes(r['peak_bytes']))}</td><td><div class='bar'><div style='width:"
-            f"{min(100, 100 * r['peak_bytes'] / cap):.1f}%'></div></div></td><td>{len(r['collectives'])}</td>"
-            f"<td>{e(format_seconds(r['communication_seconds']))}</td></tr>" for r in plan["ranks"])
-        body.append("<table><tr><th>rank</th><th>node</th><th>chip</th><th>peak</th><th>of "
-                    f"{e(format_bytes(cap))}</th><th>collectives</th><th>communication</th></tr>{rows}</table>")
-    style = ("body{font-family:sans-serif;margin:2em}pre{background:#f6f6f6;padding:1em;overflow:auto}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-             ".bar{width:160px;background:#eee}.bar div{background:#4a7;height:10px}tr.over .bar div{background:#c33}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>neuron plan</title><style>{style}</style>"
-            f"</head><body>{''.join(body)}</body></html>\n")
+def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
+    """A written plan (plan.json, schema 2) costed again on ``layout``: its ranks' recorded work,
+    launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
+    the ranks' agreement is instance-independent and kept."""
+    from torch_neuronx.simulate.recorder import RankRecord
+
+    if old.get("schema") != SCHEMA or old.get("mode") != "structure" or "recorded" not in old:
+        raise ValueError(f"{source} is not a plan this version can re-cost (schema {old.get('schema')!r}, mode "
+                         f"{old.get('mode')!r}; re-costing needs a structure plan of schema {SCHEMA}): run the "
+                         "simulation again to write one")
+    if len(old["ranks"]) != layout.nnodes * layout.nproc:
+        raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked for: "
+                         "re-cost with the plan's own --nnodes and --nproc-per-node")
+    group_ranks = {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
+    records, base = [], {}
+    for entry in old["ranks"]:
+        rec = RankRecord(entry["rank"], entry["peak_bytes"], allocations=entry["allocations"])
+        source_rank = str(entry.get("relabelled_from", entry["rank"]))
+        kept = base.get(source_rank)
+        if kept is None:
+            recorded = old["recorded"][source_rank]
+            kept = base[source_rank] = (
+                {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
+                {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"])
+        rec.work, rec.launches, rec.steps = kept
+        rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
+                       for c in entry["collectives"]}
+        rec.relabelled_from = entry.get("relabelled_from")
+        if "error" in entry:
+            rec.error, rec.error_line = entry["error"]["message"], entry["error"]["line"]
+        over = entry.get("over_capacity")
+        if over and over.get("allocation_bytes"):
+            from torch_neuronx.simulate.recorder import OverCapacity
+
+            rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"], over["site"])
+        records.append(rec)
+    result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
+                   divergence=old["divergence"] or {})
+    result["divergence"] = old["divergence"]
+    result["simulation"] = {**old["simulation"], "recosted_from": os.path.abspath(source),
+                            "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})"}
+    return result
 
 
-def write(plan: dict, out_dir: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "plan.json"), "w") as f:
-        json.dump(plan, f, indent=1)
-    with open(os.path.join(out_dir, "plan.txt"), "w") as f:
-        f.write(text(plan))
-    with open(os.path.join(out_dir, "plan.html"), "w") as f:
-        f.write(page(plan))
-    return out_dir
+def _parse_ranges(text: str) -> tuple[int, ...]:
+    """'0-3,6' -> (0, 1, 2, 3, 6): the inverse of id_ranges, in the group's own order."""
+    out = []
+    for part in text.split(","):
+        if part in ("-", ""):
+            continue
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return tuple(out)

@@ -9,6 +9,8 @@ unsharded parameters) does not pass the dispatcher, so it is wrapped while a rec
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 import weakref
@@ -19,7 +21,10 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from torch_neuronx.diagnostics import time_model
+from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.simulate import compiled, steps
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -92,6 +97,7 @@ class Collective:
     bytes: int  # the largest buffer of the call (all_gather: its output; reduce_scatter: its input)
     shapes: str  # e.g. "float32[1024]"
     line: str | None  # the user's script line that led to it
+    step: str | None = None  # the marked step it ran in (steps.step), None outside any
 
     def signature(self) -> tuple:
         """What every member of the group must agree on."""
@@ -120,6 +126,40 @@ class RankRecord:
     rank_uses: list[str] = field(default_factory=list)  # the program's uses of its rank (symmetry.py)
     rank_use_count: int = 0
     relabelled_from: int | None = None  # not run: rank 0's record relabelled (symmetry.py)
+    # The compute of the rank's op calls, by marked step (None: outside any): {(precision, FLOPs, HBM
+    # bytes): calls}, and the NEFF launches ("eager", "graph"); costed by the plan (time_model).
+    work: dict = field(default_factory=dict)
+    launches: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=dict)  # name -> {"count", "tokens", "sequences"}
+    group_map: dict | None = None  # relabelled lightly: rank 0's groups -> this rank's (symmetry.py)
+    grouped: dict | None = None  # re-costed: the collectives as plan.grouped_collectives gives them
+
+
+class GraphCall:
+    """One call of a compiled graph being costed as one fused NEFF."""
+
+    def __init__(self, name: str, account: time_model.FusedAccount):
+        self.name, self.account, self.outputs = name, account, None
+
+
+_active: RankRecorder | None = None
+
+
+def active() -> RankRecorder | None:
+    """The recorder of the rank being simulated in this process, while it records."""
+    return _active
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_name(func) -> str:
+    return func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
+
+
+def _keyed_metas(tree) -> list[tuple[int, TensorMeta]]:
+    """(storage key, meta) of every neuron tensor in ``tree``."""
+    flat, _ = tree_flatten(tree)
+    return [(t.untyped_storage()._cdata, TensorMeta.of(t)) for t in flat
+            if isinstance(t, torch.Tensor) and t.device.type == BACKEND_NAME]
 
 
 class RankRecorder(TorchDispatchMode):
@@ -135,6 +175,74 @@ class RankRecorder(TorchDispatchMode):
         self._resize = None
         self._paused = 0
         self._meta = None
+        self._step: str | None = None
+        self._graph: GraphCall | None = None
+        self._sram = time_model.sram_bytes(_profile())
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Dynamo compiles under this mode (it would skip every frame otherwise); the compiled
+        # graphs' ops pass through it again when they run (simulate/compiled.py).
+        return True
+
+    # ------------------------------------------------------------ steps and compute
+
+    def begin_step(self, name: str, tokens: int | None, sequences: int | None) -> None:
+        if self._step is not None:
+            raise RuntimeError(f"torch_neuronx.simulate.step({name!r}) inside step {self._step!r}: steps do not "
+                               "nest; end the outer step first, or mark only the innermost one")
+        if self._graph is not None:
+            raise RuntimeError(f"torch_neuronx.simulate.step({name!r}) inside a compiled graph: mark steps "
+                               "outside the compiled function")
+        entry = self.record.steps.setdefault(name, {"count": 0, "tokens": tokens, "sequences": sequences})
+        if (entry["tokens"], entry["sequences"]) != (tokens, sequences):
+            raise ValueError(f"torch_neuronx.simulate.step({name!r}) counts tokens={tokens}, sequences={sequences}, "
+                             f"where an earlier step of that name counted tokens={entry['tokens']}, sequences="
+                             f"{entry['sequences']}: give steps that process different amounts different names")
+        entry["count"] += 1
+        self._step = name
+
+    def end_step(self) -> None:
+        self._step = None
+
+    @contextlib.contextmanager
+    def graph_call(self, name: str, args):
+        """The ops run inside are one call of compiled graph ``name``: one launch, fused."""
+        account = time_model.FusedAccount(self._sram)
+        for key, meta in _keyed_metas(args):
+            account.add_input(key, meta.nbytes)
+        call, outer = GraphCall(name, account), self._graph
+        self._graph = call
+        try:
+            yield call
+        finally:
+            self._graph = outer
+        self._count_launch("graph")
+        if call.outputs is not None:
+            self._add_work(("fp32", 0, account.finish(_keyed_metas(call.outputs))))
+
+    def _count_launch(self, kind: str, n: int = 1) -> None:
+        if n:
+            launches = self.record.launches.setdefault(self._step, {"eager": 0, "graph": 0})
+            launches[kind] += n
+
+    def _add_work(self, key) -> None:
+        work = self.record.work.setdefault(self._step, {})
+        work[key] = work.get(key, 0) + 1
+
+    def _compute(self, func, args, kwargs, out) -> None:
+        if func.is_view or func.namespace == "prim":
+            return
+        inputs, results = _keyed_metas((args, kwargs)), _keyed_metas(out)
+        if not inputs and not results:
+            return  # no neuron tensor: the program's host-side work
+        op = _op_name(func)
+        if self._graph is not None:
+            self._add_work(self._graph.account.op(op, inputs, results))
+            return
+        metas_in, metas_out = tuple(m for _, m in inputs), tuple(m for _, m in results)
+        self._add_work(time_model.op_work(op, metas_in, metas_out))
+        self._count_launch("eager", time_model.eager_launches(op, metas_in))
 
     # ------------------------------------------------------------ memory
 
@@ -202,13 +310,20 @@ class RankRecorder(TorchDispatchMode):
                 recorder._paused -= 1
 
         ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+        global _active
+        _active, steps._sink = self, self
+        self._simulating = compiled.installed()
+        self._simulating.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
+        global _active
         torch.UntypedStorage.resize_ = self._resize
         ShardingPropagator._propagate_tensor_meta_non_cached = self._meta
+        _active, steps._sink = None, None
+        self._simulating.__exit__(*exc)
         return super().__exit__(*exc)
 
     # ------------------------------------------------------------ collectives
@@ -239,18 +354,28 @@ class RankRecorder(TorchDispatchMode):
         if op in ("gather", "scatter"):
             size = _nbytes(own) * max(1, len(ranks))
         line, site = user_frames(self.script)
-        self.record.collectives.append(Collective(op, ranks, size, shapes, line or site))
+        self.record.collectives.append(Collective(op, ranks, size, shapes, line or site, self._step))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # Let DTensor turn itself into local ops first: those are what occupy memory.
         if any(issubclass(t, torch.distributed.tensor.DTensor) for t in types):
             return NotImplemented
-        if func.namespace in ("c10d", "_c10d_functional"):
+        collective = func.namespace in ("c10d", "_c10d_functional")
+        if collective:
             self._collective(func, args, kwargs)
         out = func(*args, **kwargs)
+        if not collective and not self._paused:
+            self._compute(func, args, kwargs, out)
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):
                 self._track(t, func.__name__)
         return out
+
+
+def _profile():
+    """The cost profile of the simulated instance's logical core (set by world.prepare_process)."""
+    from torch_neuronx.diagnostics import cost_model
+
+    return cost_model.current_profile()

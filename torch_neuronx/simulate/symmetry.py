@@ -250,9 +250,23 @@ def relabel(record, rank: int, tiling: Tiling):
     return out
 
 
+def relabel_lightly(record, rank: int, tiling: Tiling):
+    """Rank 0's record as rank ``rank``'s for the plan, without copying its collectives: they
+    are shared, and ``group_map`` names each of rank 0's groups' translate that holds ``rank``
+    (the plan reads them through plan.grouped_collectives). None when a group does not tile."""
+    out = copy.copy(record)
+    out.rank, out.relabelled_from, out.group_map = rank, record.rank, {}
+    for group in {c.ranks for c in record.collectives if c.ranks}:
+        translated = tiling.group_of(group, rank)
+        if translated is None:
+            return None
+        out.group_map[group] = translated
+    return out
+
+
 def same_record(a, b) -> str | None:
     """None when two records agree, else the first difference (for the plan)."""
-    for field in ("peak_bytes", "allocations", "error", "error_line"):
+    for field in ("peak_bytes", "allocations", "error", "error_line", "work", "launches", "steps"):
         if getattr(a, field) != getattr(b, field):
             return f"{field}: {getattr(a, field)} vs {getattr(b, field)}"
     if (a.over is None) != (b.over is None) or (a.over and (a.over.line, a.over.bytes_live) !=

@@ -1,0 +1,165 @@
+"""The plan as text and as a self-contained HTML page, and its three files (plan.json, plan.txt,
+plan.html). Time comes first: what a step and a token cost on the instance, and what it rests on."""
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections import Counter
+
+from torch_neuronx.runtime import outputs
+from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges, seconds_range
+
+# Which choices of the program move its time, named where the plan sees them.
+CHOICES = [
+    "eager vs compiled: each eager op is a NEFF launch of its own; a compiled graph is one launch, its ops "
+    "fused (only its inputs, outputs and spills cross HBM)",
+    "activation checkpointing: the forward runs again in the backward (more compute, less memory)",
+    "sequence parallelism: each all_reduce becomes a reduce_scatter and an all_gather (the same bytes on the "
+    "links), and the norms and dropout between them run on 1/TP of the sequence",
+]
+
+
+def _rate(row: dict) -> str:
+    for unit in ("token", "sequence"):
+        if f"per_{unit}_seconds" in row:
+            per = row[f"per_{unit}_seconds"]
+            rate = row[f"{unit}s_per_second"]
+            return f"; {seconds_range(per)} per {unit} ({rate[0]:.3g}-{rate[1]:.3g} {unit}s/s)"
+    return ""
+
+
+def time_lines(plan: dict) -> list[str]:
+    t = plan.get("time") or {}
+    if not t:
+        return []
+    slow = next((r for r in plan["ranks"] if r["rank"] == t["slowest_rank"]), plan["ranks"][0])
+    out = [f"time on {plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}), an estimate: "
+           f"{seconds_range(t['step_seconds'])} per run of the program (slowest rank {t['slowest_rank']}: "
+           f"compute {format_seconds(slow['compute_seconds'])}, {slow['eager_launches']} eager and "
+           f"{slow['graph_launches']} graph launches {seconds_range(slow['launch_seconds'])}, collectives "
+           f"{format_seconds(slow['communication_seconds'])} of which latency "
+           f"{format_seconds(slow['communication_latency_seconds'])}; low: collectives hidden under compute, high: "
+           "none hidden)"]
+    for name, row in t["steps"].items():
+        out.append(f"  step {name!r} x {row['count']}: {seconds_range(row['seconds'])} per step{_rate(row)}; "
+                   f"compute {format_seconds(row['compute_seconds'])}, launches "
+                   f"{seconds_range(row['launch_seconds'])} ({row['eager_launches']:g} eager, "
+                   f"{row['graph_launches']:g} graph), collectives {format_seconds(row['communication_seconds'])}")
+        if row["eager_launches"] >= 100:
+            out.append(f"    {row['eager_launches']:g} eager op launches per step: compiling the step "
+                       "(torch.compile(backend='neuron')) makes each graph one launch")
+    if not t["steps"]:
+        out.append("  (the program marks no steps: with torch_neuronx.simulate.step('train', sequences=N) around "
+                   "each step, the plan gives time per step and per sequence or token)")
+    return out
+
+
+def _rank_rows(plan: dict) -> list[tuple[list[int], dict]]:
+    """Ranks whose rows would read the same, grouped: (ranks, the first one's entry)."""
+    rows: dict[tuple, tuple[list[int], dict]] = {}
+    for r in plan["ranks"]:
+        key = (r["node"] if len(plan["ranks"]) <= 64 else None, r["chip"] if len(plan["ranks"]) <= 64 else None,
+               r["peak_bytes"], r["collective_calls"], round(r["communication_seconds"], 12),
+               tuple(round(s, 12) for s in r["step_seconds"]), r["fits"])
+        rows.setdefault(key, ([], r))[0].append(r["rank"])
+    return list(rows.values())
+
+
+def text(plan: dict) -> str:
+    out = [f"neuron plan: {os.path.basename(plan['script'])} as {plan['world_size']} ranks on "
+           f"{plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}, {plan['nproc_per_node']} ranks per node)"]
+    if plan.get("mode") == "numerics":
+        out.append(numerics_text(plan))
+        return "\n".join(out) + "\n"
+    out += time_lines(plan)
+    cap = plan["capacity_bytes"]
+    peaks = [r["peak_bytes"] for r in plan["ranks"]]
+    out.append(f"HBM per rank: {format_bytes(cap)}; peak {format_bytes(min(peaks))} to {format_bytes(max(peaks))}")
+    if plan["divergence"]:
+        out.append("ERROR " + plan["divergence"]["message"])
+    for o in plan["over_capacity"]:
+        where = (f"crossed by a {format_bytes(o['allocation_bytes'])} allocation ({o['op']}) at "
+                 f"{o['line'] or o['site'] or 'an unknown line'}" if o["allocation_bytes"] else
+                 "where it crossed is not known (re-costed for a smaller HBM: run the simulation to find the line)")
+        out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; {where}")
+    sim = plan.get("simulation", {})
+    sym = sim.get("symmetry") or {}
+    if sim.get("recosted_from"):
+        out.append(f"re-costed from {sim['recosted_from']} (recorded on {sim['recorded_on']}); nothing was run again")
+    if sym.get("used"):
+        out.append(f"ran {sim['script_runs']} of {plan['world_size']} ranks (0 and the last): the program never used "
+                   f"its rank and the last rank's record is rank 0's with its groups translated; the others are "
+                   f"rank 0's relabelled (--all-ranks runs each)")
+    elif sym.get("why_every_rank_ran"):
+        out.append(f"ran every rank: {sym['why_every_rank_ran']}")
+    out.append("groups: " + "; ".join(f"{g['name']} = ranks {g['ranks']} over {g['link']}" for g in plan["groups"][:12])
+               + (f"; ... {len(plan['groups']) - 12} more" if len(plan["groups"]) > 12 else ""))
+    out.append("")
+    out.append(f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
+               f"{'time per run':>21}")
+    for members, r in _rank_rows(plan):
+        grouped = len(members) > 1
+        out.append(f"{id_ranges(members):>11} {'-' if grouped and len(plan['ranks']) > 64 else r['node']:>4} "
+                   f"{'-' if grouped and len(plan['ranks']) > 64 else r['chip']:>4} {format_bytes(r['peak_bytes']):>11} "
+                   f"{100 * r['peak_bytes'] / cap:>6.1f}% {r['collective_calls']:>11} "
+                   f"{format_seconds(r['communication_seconds']):>10} {seconds_range(r['step_seconds']):>21}"
+                   + ("" if r["fits"] else "  OVER"))
+    first = plan["ranks"][0] if plan["ranks"] else None
+    if first:
+        counted = Counter()
+        for c in first["collectives"]:
+            counted[(c["op"], c["group"], c["bytes"], c["line"])] += c["calls"]
+        out += ["", f"rank 0's collectives ({first['collective_calls']}), grouped:"]
+        for (op, group, nbytes, line), n in sorted(counted.items(), key=lambda kv: -kv[1] * kv[0][2])[:20]:
+            out.append(f"  {n:>4} x {op} of {format_bytes(nbytes)} on {group} at {line}")
+    t = plan.get("time") or {}
+    out += ["", "how the time is estimated: " + " ".join(t.get("assumptions", [])),
+            "what moves it: " + "; ".join(CHOICES),
+            "sources: " + "; ".join(t.get("sources", plan["communication"]["sources"])),
+            "not modelled: " + "; ".join(plan["communication"]["assumptions"]),
+            "cannot see: real link timing and contention, EFA and placement-group setup, the compiler's scheduling "
+            "inside a NEFF, the compiler's NEFFs and their memory, the runtime's own buffers beyond its fixed "
+            "reservation"]
+    return "\n".join(out) + "\n"
+
+
+def numerics_text(plan: dict) -> str:
+    num = plan["numerics"]
+    lines = [f"numerics: {'PASS' if num['ok'] else 'FAIL'} against one device ({num['tolerance']})"]
+    for name, row in num["outputs"].items():
+        lines.append(f"  {name}: max |difference| over ranks {row['max_abs_difference']:.3g} "
+                     f"({'ok' if row['ok'] else 'differs'}; worst rank {row['worst_rank']})")
+    return "\n".join(lines)
+
+
+def page(plan: dict) -> str:
+    """A self-contained HTML page of the plan (no scripts, no external files)."""
+    e = html.escape
+    body = [f"<h1>Neuron plan: {e(os.path.basename(plan['script']))}</h1>"]
+    if plan.get("mode") != "numerics" and plan.get("time"):
+        body.append("<h2>Time</h2><ul>" + "".join(f"<li>{e(line.strip())}</li>" for line in time_lines(plan))
+                    + "</ul>")
+    body.append(f"<pre>{e(text(plan))}</pre>")
+    if plan.get("mode") != "numerics":
+        cap = plan["capacity_bytes"]
+        rows = "".join(
+            f"<tr class='{'over' if not r['fits'] else ''}'><td>{e(id_ranges(members))}</td><td>{r['node']}</td>"
+            f"<td>{r['chip']}</td><td>{e(format_bytes(r['peak_bytes']))}</td><td><div class='bar'><div style='width:"
+            f"{min(100, 100 * r['peak_bytes'] / cap):.1f}%'></div></div></td><td>{r['collective_calls']}</td>"
+            f"<td>{e(format_seconds(r['communication_seconds']))}</td><td>{e(seconds_range(r['step_seconds']))}</td></tr>"
+            for members, r in _rank_rows(plan))
+        body.append("<table><tr><th>ranks</th><th>node</th><th>chip</th><th>peak</th><th>of "
+                    f"{e(format_bytes(cap))}</th><th>collectives</th><th>communication</th><th>time per run</th></tr>"
+                    f"{rows}</table>")
+    style = ("body{font-family:sans-serif;margin:2em}pre{background:#f6f6f6;padding:1em;overflow:auto}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+             ".bar{width:160px;background:#eee}.bar div{background:#4a7;height:10px}tr.over .bar div{background:#c33}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>neuron plan</title><style>{style}</style>"
+            f"</head><body>{''.join(body)}</body></html>\n")
+
+
+def write(plan: dict, out_dir: str) -> str:
+    outputs.write_files(out_dir, {"plan.json": json.dumps(plan, indent=1), "plan.txt": text(plan),
+                                  "plan.html": page(plan)})
+    return out_dir
