@@ -1,9 +1,10 @@
-"""A roofline estimate of what an op costs on a Trainium NeuronCore: an estimate, not a measurement.
+"""What an op call is, for the estimate of its time on a Trainium NeuronCore: the core's peak
+rates (:class:`TrainiumProfile`), the op's family, its FLOPs and the bytes it moves. The time itself
+is :mod:`.time_model`'s, which the report and the plan share.
 
-Each op call costs max(FLOPs / peak FLOP rate, bytes moved / HBM bandwidth). FLOPs follow
-``torch.utils.flop_counter``'s conventions (its own formulas are called): only matmuls,
-convolutions and attention count, a multiply-add is 2 FLOPs, bias adds are free. Bytes are every
-tensor argument read plus every result written, each once (no fusion, no caching in SRAM).
+FLOPs follow ``torch.utils.flop_counter``'s conventions (its own formulas are called): only
+matmuls, convolutions and attention count, a multiply-add is 2 FLOPs, bias adds are free. Bytes are
+every tensor argument read plus every result written, each once.
 """
 from __future__ import annotations
 
@@ -242,30 +243,20 @@ class OpCost:
     bound: str  # "compute" or "memory"
 
 
-def op_cost(profile: TrainiumProfile, op: str, inputs: tuple[TensorMeta, ...],
-            results: tuple[TensorMeta, ...]) -> OpCost:
-    """The roofline time of one call on ``profile``."""
-    f = flops(op, inputs, results)
-    b = bytes_moved(op, inputs, results)
-    compute_s = f / profile.peak_flops(compute_dtype(inputs)) if f else 0.0
-    memory_s = b / profile.hbm_bytes_per_s
-    return OpCost(f, b, max(compute_s, memory_s), "compute" if compute_s > memory_s else "memory")
-
-
 def assumptions(profile: TrainiumProfile) -> list[str]:
     return [
-        f"ESTIMATE, not a measurement: a roofline model of {profile.name}: "
-        f"{profile.bf16_tflops:g} TFLOPS BF16/FP16, {profile.fp32_tflops:g} TFLOPS FP32, "
-        f"{profile.hbm_tb_per_s:g} TB/s HBM ({profile.source}).",
-        "The roofline time of an op call is max(FLOPs / peak, bytes / HBM bandwidth), at 100% of peak; "
-        "launches and compiles are added to it below (first run, each run after).",
+        f"ESTIMATE, not a measurement, of {profile.name}: {profile.bf16_tflops:g} TFLOPS BF16/FP16, "
+        f"{profile.fp32_tflops:g} TFLOPS FP32, {profile.hbm_tb_per_s:g} TB/s HBM ({profile.source}).",
+        "An op call costs max(FLOPs / reachable peak, bytes / reachable HBM bandwidth) (the fractions of peak are "
+        "calibrated, below); launches and compiles are added to it below (first run, each run after).",
         "FLOPs follow torch.utils.flop_counter: only matmuls, convolutions and attention count (2 per "
         "multiply-add); elementwise, normalization and reduction ops are memory-bound (bytes only).",
-        "Bytes: every tensor argument read once and every result written once; no fusion and no reuse "
-        "from on-chip SRAM, so compiled graphs, which fuse ops, usually move less.",
+        "Bytes of an eager call: every tensor argument read once and every result written once (a gather reads "
+        "the rows it returns, a scatter writes its source).",
         "FP32 matmuls are costed at the FP32 rate (neuronx-cc's --auto-cast would run them at the BF16 rate).",
         "Host<->device copies and .item() are not in the estimate (they cross the host link, not HBM), "
-        "and neither are collectives (NeuronLink/EFA); both are counted.",
-        "Compiled graphs: each is costed per call by its ops (a training graph's forward at each call, "
-        "its backward graph, as AOTAutograd makes it, at each backward call), unfused.",
+        "and neither are collectives (NeuronLink/EFA; python -m torch_neuronx.simulate costs them); both are "
+        "counted.",
+        "Compiled graphs: each call costed as one fused NEFF (a training graph's forward at each call, "
+        "its backward graph, as AOTAutograd makes it, at each backward call).",
     ]

@@ -119,5 +119,6 @@ def assumptions() -> list[str]:
         f"and {GRAPH_LAUNCH_SECONDS[0] * 1e6:g}-{GRAPH_LAUNCH_SECONDS[1] * 1e6:g} µs per compiled graph launch: no "
         "published figure, a range (TorchNeuron's eager dispatch runs in Python; its Adaptive Eager Execution, "
         "which fuses queued ops, is not modelled).",
-        "First run = NEFF compiles + a warm run; a warm run = the roofline time + the launches.",
+        "First run = NEFF compiles + a warm run; a warm run = the op calls' time (the roofline, at the calibrated "
+        "peaks) + the launches.",
     ]

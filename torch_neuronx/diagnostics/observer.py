@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from torch_neuronx.interop import ecosystem_errors
-from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch
+from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch, time_model
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, hooks, ops
 
@@ -73,6 +73,7 @@ class CompiledGraph:
     # Each graph AOTAutograd made of it (forward, backward, inference): "lowered" or "failed: op (stage)".
     parts: dict[str, str] = field(default_factory=dict)
     not_checked: str = ""  # why the lowering could not be checked, when it could not
+    fused: list = field(default_factory=list)  # one call as one NEFF: (precision, FLOPs, HBM bytes) per op
 
     @property
     def kind(self) -> str | None:
@@ -290,6 +291,8 @@ class _GraphOpRecorder(TorchDispatchMode):
         self.ops: list[tuple[str, tuple[TensorMeta, ...], tuple[TensorMeta, ...]]] = []
         self.sites: list[str] = []  # per op: the user line its graph node came from
         self.site = "<unknown>"
+        self.account = time_model.FusedAccount()
+        self.fused: list[tuple[str, int, int]] = []  # per op, then the outputs: (precision, FLOPs, HBM bytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -298,9 +301,9 @@ class _GraphOpRecorder(TorchDispatchMode):
         if isinstance(func, torch._ops.OpOverload) and not func.is_view and func.namespace != "prim" \
                 and func.name() != "aten::_unsafe_view":
             name = func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
-            metas = lambda tree: tuple(TensorMeta.of(t) for t in tree_leaves(tree)  # noqa: E731
-                                       if isinstance(t, torch.Tensor))
-            self.ops.append((name, metas((args, kwargs)), metas(out)))
+            inputs, results = time_model.keyed_metas(tree_leaves((args, kwargs))), time_model.keyed_metas(tree_leaves(out))
+            self.ops.append((name, tuple(m for _, m in inputs), tuple(m for _, m in results)))
+            self.fused.append(self.account.op(name, inputs, results))
             self.sites.append(self.site)
         return out
 
@@ -345,8 +348,12 @@ def _replayed(name: str, gm: torch.fx.GraphModule, example_inputs) -> tuple[Comp
         with FakeTensorMode(), torch.no_grad():
             inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
                       if isinstance(x, torch.Tensor) else x for x in example_inputs]
+            for key, meta in time_model.keyed_metas(inputs):
+                recorder.account.add_input(key, meta.nbytes)
             with recorder:
-                _SitedInterpreter(gm, recorder).run(*inputs)
+                outputs = _SitedInterpreter(gm, recorder).run(*inputs)
+            recorder.fused.append(("fp32", 0, recorder.account.finish(time_model.keyed_metas(tree_leaves(outputs)))))
+            graph.fused = recorder.fused
     except Exception as error:  # a graph we cannot replay is reported, never fatal
         graph.error = f"{type(error).__name__}: {error}"[:200]
     return graph, recorder

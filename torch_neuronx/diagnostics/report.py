@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model, findings, neff_forecast, observer, op_tracking, places
+from torch_neuronx.diagnostics import cost_model, findings, neff_forecast, observer, op_tracking, places, time_model
 from torch_neuronx.python_ops import host_ops
 from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware
@@ -265,7 +265,8 @@ def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
                   executed_ops=executed,
                   fallback_ops={n: c for n, c in executed.items() if host_ops.lookup(n)},
                   memory=_memory_rows(), memory_timeline=[], memory_timeline_device=timeline_device,
-                  assumptions=cost_model.assumptions(profile) + neff_forecast.assumptions())
+                  assumptions=cost_model.assumptions(profile) + time_model.assumptions()[:1]
+                  + neff_forecast.assumptions())
 
 
 def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: list, results: dict,
@@ -277,9 +278,11 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
     for key, result_metas in results.items():
         signature, result = signatures[key], tuple(TensorMeta(*m) for m in result_metas)
         costs[key] = (_call_family(signature, result),
-                      cost_model.op_cost(profile, signature.op, signature.inputs, result))
-    graph_costs = {name: [(cost_model.family(op), cost_model.op_cost(profile, op, ins, outs))
-                          for op, ins, outs in g.ops] for name, g in graphs.items()}
+                      time_model.op_cost(profile, signature.op, signature.inputs, result))
+    # A compiled graph's call is one fused NEFF: its ops' FLOPs, and only its inputs and outputs in HBM.
+    graph_costs = {name: [(cost_model.family(op) if op else "data movement", time_model.cost(profile, *work))
+                          for (op, _, _), work in zip([*g.ops, (None, (), ())], g.fused)]
+                   for name, g in graphs.items()}
     totals: Counter = Counter()
     all_costs = []
     for name, seconds, calls_by_key, graph_calls in phases:

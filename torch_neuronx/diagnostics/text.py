@@ -94,8 +94,9 @@ def _families(rows, indent: str = "  ") -> list[str]:
 
 
 def _estimate(report) -> list[str]:
-    lines = [f"ESTIMATED time on {report.profile['chip']} at LNC={report.profile['lnc']} (a roofline model, not a "
-             f"measurement): {estimate(report.estimated_ms)}"]
+    lines = [f"ESTIMATED time on {report.profile['chip']} at LNC={report.profile['lnc']} (a roofline model with "
+             f"calibrated peaks, python -m torch_neuronx.simulate's; not a measurement): "
+             f"{estimate(report.estimated_ms)}"]
     lines.extend(_families(report.families))
     lines.append("")
     lines.append(f"  {'phase':<32} {'wall time here':>14} {'eager calls':>11} {'graph calls':>11} {'roofline':>10} "

@@ -3,9 +3,8 @@
 An op call costs max(FLOPs / (peak x compute fraction), HBM bytes / (HBM bandwidth x bandwidth
 fraction)), plus its launch: an eager op's NEFF launch (mm: one per tile), or one launch per call
 of a compiled graph. A compiled graph is one fused NEFF: its ops move to and from HBM only the
-graph's inputs (read once per call), its outputs (written once) and the intermediates too large
-for the core's on-chip SRAM (written and read once); everything else stays on chip
-(:class:`FusedAccount`). A collective costs its ring steps times the per-step latency of the
+graph's inputs (read once per call) and its outputs (written once); the intermediates between its
+ops stay on chip, tiled through the core's SRAM by the compiler (:class:`FusedAccount`). A collective costs its ring steps times the per-step latency of the
 slowest link its group crosses plus its bytes over that link's bandwidth (x the bandwidth
 fraction). A step's time is a range: collectives fully overlapped with compute (low) or not at
 all (high).
@@ -60,9 +59,6 @@ CALIBRATION = Calibration(
     ),
 )
 
-# On-chip SRAM of one physical NeuronCore, by chip (AWS's NeuronCore-v2/v3/v4 architecture pages).
-SRAM_BYTES_PER_CORE = {"Trainium": 24 * 2**20, "Trainium2": 28 * 2**20, "Trainium3": 32 * 2**20}
-
 # Ring steps of a collective over n ranks (latency terms); broadcast, reduce and barrier as trees.
 _STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_reduce_coalesced": lambda n: 2 * (n - 1),
           "send": lambda n: 1, "recv": lambda n: 1}
@@ -87,10 +83,6 @@ def precision(dtype: torch.dtype | None) -> str:
 _PRECISION_DTYPE = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32}
 
 
-def sram_bytes(profile: TrainiumProfile) -> int:
-    return SRAM_BYTES_PER_CORE.get(profile.chip, SRAM_BYTES_PER_CORE["Trainium2"]) * profile.lnc
-
-
 def work_seconds(profile: TrainiumProfile, prec: str, flops: int, nbytes: int,
                  cal: Calibration = CALIBRATION) -> float:
     """The time of one call's work: compute or memory, whichever is longer."""
@@ -98,10 +90,41 @@ def work_seconds(profile: TrainiumProfile, prec: str, flops: int, nbytes: int,
     return max(compute, nbytes / (profile.hbm_bytes_per_s * cal.bandwidth_fraction))
 
 
+# A gather reads of its table only the rows it returns; a scatter into a tensor writes only its source.
+GATHERS = {"embedding", "index_select", "index", "_unsafe_index", "gather"}
+SCATTERS = {"index_copy", "index_copy_", "index_put", "index_put_", "_index_put_impl", "_index_put_impl_",
+            "scatter", "scatter_", "scatter_add", "scatter_add_", "slice_scatter", "select_scatter", "index_add",
+            "index_add_"}
+
+
+def _hbm_bytes(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ...]) -> int:
+    base = cost_model.base_name(op)
+    if base in GATHERS and inputs and results:
+        return sum(m.nbytes for m in inputs[1:]) + 2 * sum(m.nbytes for m in results)
+    if base in SCATTERS and len(inputs) > 1:
+        return 2 * sum(m.nbytes for m in inputs[1:])
+    return cost_model.bytes_moved(op, inputs, results)
+
+
 def op_work(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ...]) -> tuple[str, int, int]:
-    """(precision, FLOPs, HBM bytes) of one eager call: every argument read, every result written."""
+    """(precision, FLOPs, HBM bytes) of one eager call: every argument read, every result written
+    (a gather reads only the rows it returns, a scatter writes only its source)."""
     return (precision(cost_model.compute_dtype(inputs)), cost_model.flops(op, inputs, results),
-            cost_model.bytes_moved(op, inputs, results))
+            _hbm_bytes(op, inputs, results))
+
+
+def cost(profile: TrainiumProfile, prec: str, flops: int, nbytes: int,
+         cal: Calibration = CALIBRATION) -> cost_model.OpCost:
+    """One call's work as the report shows it: FLOPs, bytes, seconds and what bounds it."""
+    seconds = work_seconds(profile, prec, flops, nbytes, cal)
+    memory = nbytes / (profile.hbm_bytes_per_s * cal.bandwidth_fraction)
+    return cost_model.OpCost(flops, nbytes, seconds, "compute" if seconds > memory else "memory")
+
+
+def op_cost(profile: TrainiumProfile, op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ...],
+            cal: Calibration = CALIBRATION) -> cost_model.OpCost:
+    """The time of one eager call on ``profile``."""
+    return cost(profile, *op_work(op, inputs, results), cal)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -113,37 +136,57 @@ def eager_launches(op: str, inputs: tuple[TensorMeta, ...]) -> int:
 class FusedAccount:
     """The HBM traffic of one call of a compiled graph (one NEFF), op by op.
 
-    Tensors are told apart by a key (a storage's id, an FX node's name). The graph's inputs are
-    read from HBM at their first use; an intermediate larger than the core's SRAM spills (written,
-    then read back once); the graph's outputs are written once (:meth:`finish`)."""
+    Tensors are told apart by a key (a storage's id, an FX node's name). The graph's inputs live
+    in HBM: each is read at its first use (a gather reads only the rows it returns). A scatter
+    into an input (a KV cache's update) writes its source there, and what it returns is that input
+    again, read from HBM at its first use. Intermediates stay on chip (the compiler tiles them
+    through SRAM); the graph's outputs are written once (:meth:`finish`)."""
 
-    def __init__(self, sram: int):
-        self.sram = sram
-        self.inputs: dict = {}  # key -> bytes, until first read
-        self.spilled: set = set()
+    def __init__(self):
+        self.unread: dict = {}  # graph inputs (and inputs updated in place) not read yet: key -> bytes
+        self.in_hbm: set = set()  # every key that lives in HBM: inputs and their in-place updates
 
     def add_input(self, key, nbytes: int) -> None:
-        self.inputs[key] = nbytes
+        self.unread[key] = nbytes
+        self.in_hbm.add(key)
+
+    def _read(self, key, limit: int | None = None) -> int:
+        if key not in self.unread:
+            return 0
+        nbytes = self.unread.pop(key)
+        return nbytes if limit is None else min(nbytes, limit)
 
     def op(self, op: str, inputs: list[tuple[object, TensorMeta]], results: list[tuple[object, TensorMeta]]):
         """(precision, FLOPs, HBM bytes) of one op inside the graph."""
         metas_in = tuple(m for _, m in inputs)
         metas_out = tuple(m for _, m in results)
-        nbytes = sum(self.inputs.pop(key, 0) for key, _ in inputs)
-        for key, meta in results:
-            if meta.nbytes > self.sram and key not in self.inputs:
-                self.spilled.add(key)
-                nbytes += 2 * meta.nbytes
-        return precision(cost_model.compute_dtype(metas_in)), cost_model.flops(op, metas_in, metas_out), nbytes
+        base = cost_model.base_name(op)
+        work = (precision(cost_model.compute_dtype(metas_in)), cost_model.flops(op, metas_in, metas_out))
+        if base in SCATTERS and inputs and inputs[0][0] in self.in_hbm:
+            nbytes = 2 * sum(m.nbytes for _, m in inputs[1:])
+            for key, meta in results:  # the input itself, updated where it lives
+                self.unread[key] = meta.nbytes
+                self.in_hbm.add(key)
+            return (*work, nbytes)
+        if base in ("copy", "copy_") and len(inputs) == 2 and inputs[1][0] in self.in_hbm \
+                and inputs[0][0] in self.in_hbm:
+            return (*work, 0)  # an input's in-place update written back to it: already there
+        gathered = sum(m.nbytes for _, m in results) if base in GATHERS else None
+        return (*work, sum(self._read(key, gathered if i == 0 else None) for i, (key, _) in enumerate(inputs)))
 
     def finish(self, outputs: list[tuple[object, TensorMeta]]) -> int:
-        """Bytes the graph's outputs write to HBM (those not spilled already)."""
+        """Bytes the graph's outputs write to HBM (those not there already)."""
         seen, nbytes = set(), 0
         for key, meta in outputs:
-            if key not in seen and key not in self.spilled and key not in self.inputs:
+            if key not in seen and key not in self.in_hbm:
                 nbytes += meta.nbytes
             seen.add(key)
         return nbytes
+
+
+def keyed_metas(tensors) -> list[tuple[int, TensorMeta]]:
+    """(storage key, meta) of each tensor: what :class:`FusedAccount` tells tensors apart by."""
+    return [(t.untyped_storage()._cdata, TensorMeta.of(t)) for t in tensors if isinstance(t, torch.Tensor)]
 
 
 # ---- collectives -------------------------------------------------------------------------------
@@ -206,9 +249,8 @@ def assumptions(cal: Calibration = CALIBRATION) -> list[str]:
         f"chip) and {lat[EFA] * 1e6:g} µs over EFA. Fitted to: " + "; ".join(cal.fitted_to) + ". Those figures are "
         "AWS's own optimized stacks (NxD Inference, NxD Training), compiled whole; an unchanged PyTorch program "
         "is costed by what it runs (eager ops each launched, compiled graphs fused).",
-        "A compiled graph is one fused NEFF: only its inputs (read once), its outputs and the intermediates larger "
-        "than the core's on-chip SRAM (24 MiB Trainium, 28 MiB Trainium2, 32 MiB Trainium3 per physical core) "
-        "cross HBM.",
+        "A compiled graph is one fused NEFF: only its inputs (read once; a gather reads the rows it returns) and its "
+        "outputs cross HBM; its intermediates stay on chip, tiled through SRAM by the compiler.",
         "Collectives: ring algorithms (all_reduce 2(n-1) steps moving 2(n-1)/n of the buffer, all_gather, "
         "reduce_scatter and all_to_all n-1 steps moving (n-1)/n; broadcast, reduce, barrier log2(n) steps) over "
         "the slowest link the group crosses, its bandwidth shared by the group's ranks on it.",

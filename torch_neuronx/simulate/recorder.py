@@ -158,8 +158,7 @@ def _op_name(func) -> str:
 def _keyed_metas(tree) -> list[tuple[int, TensorMeta]]:
     """(storage key, meta) of every neuron tensor in ``tree``."""
     flat, _ = tree_flatten(tree)
-    return [(t.untyped_storage()._cdata, TensorMeta.of(t)) for t in flat
-            if isinstance(t, torch.Tensor) and t.device.type == BACKEND_NAME]
+    return time_model.keyed_metas(t for t in flat if isinstance(t, torch.Tensor) and t.device.type == BACKEND_NAME)
 
 
 class RankRecorder(TorchDispatchMode):
@@ -177,7 +176,6 @@ class RankRecorder(TorchDispatchMode):
         self._meta = None
         self._step: str | None = None
         self._graph: GraphCall | None = None
-        self._sram = time_model.sram_bytes(_profile())
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -208,7 +206,7 @@ class RankRecorder(TorchDispatchMode):
     @contextlib.contextmanager
     def graph_call(self, name: str, args):
         """The ops run inside are one call of compiled graph ``name``: one launch, fused."""
-        account = time_model.FusedAccount(self._sram)
+        account = time_model.FusedAccount()
         for key, meta in _keyed_metas(args):
             account.add_input(key, meta.nbytes)
         call, outer = GraphCall(name, account), self._graph
@@ -231,12 +229,15 @@ class RankRecorder(TorchDispatchMode):
         work[key] = work.get(key, 0) + 1
 
     def _compute(self, func, args, kwargs, out) -> None:
-        if func.is_view or func.namespace == "prim":
-            return
+        if func.is_view or func.namespace == "prim" or func is torch.ops.aten._unsafe_view.default:
+            return  # no data moves (the report skips them too)
         inputs, results = _keyed_metas((args, kwargs)), _keyed_metas(out)
         if not inputs and not results:
             return  # no neuron tensor: the program's host-side work
         op = _op_name(func)
+        if op == "aten::_local_scalar_dense" or any(
+                isinstance(t, torch.Tensor) and t.device.type != BACKEND_NAME for t in tree_flatten((args, kwargs))[0]):
+            return  # a host transfer: the host link, not HBM (the report leaves them out too)
         if self._graph is not None:
             self._add_work(self._graph.account.op(op, inputs, results))
             return
@@ -373,9 +374,3 @@ class RankRecorder(TorchDispatchMode):
                 self._track(t, func.__name__)
         return out
 
-
-def _profile():
-    """The cost profile of the simulated instance's logical core (set by world.prepare_process)."""
-    from torch_neuronx.diagnostics import cost_model
-
-    return cost_model.current_profile()

@@ -13,7 +13,7 @@ from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges,
 # Which choices of the program move its time, named where the plan sees them.
 CHOICES = [
     "eager vs compiled: each eager op is a NEFF launch of its own; a compiled graph is one launch, its ops "
-    "fused (only its inputs, outputs and spills cross HBM)",
+    "fused (only its inputs and outputs cross HBM)",
     "activation checkpointing: the forward runs again in the backward (more compute, less memory)",
     "sequence parallelism: each all_reduce becomes a reduce_scatter and an all_gather (the same bytes on the "
     "links), and the norms and dropout between them run on 1/TP of the sequence",
