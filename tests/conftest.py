@@ -1,8 +1,11 @@
 """Fixtures shared by several test files (helpers that are not fixtures live in the package
 tests/helpers/: isolated, oracle, sweeps), and how a run is laid out: one compile cache for the
 whole run, one store of built C++ libraries for the whole run, and the longest files started first."""
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -124,3 +127,32 @@ def collect():
     finally:
         diagnostics.stop()
         torch_neuronx.clear_op_tracking()
+
+
+# ---- the simulator's command line, run in forked children of one warm process --------------------
+@pytest.fixture(scope="module")
+def server():
+    """One warm process (tests/helpers/simulate_server.py) forks each run: the imports are paid once."""
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "simulate_server.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+@pytest.fixture
+def simulate(server):
+    """simulate(dir, *args, env=None) -> (CompletedProcess-like, plan or None): the CLI with --quiet."""
+    def run(tmp_path, *args, env=None):
+        out = tmp_path / "plan"
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        request = {"argv": ["--quiet", "--out", str(out), *args], "env": env or {},
+                   "stdout": str(tmp_path / "stdout"), "stderr": str(tmp_path / "stderr")}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        code = json.loads(server.stdout.readline())["returncode"]
+        r = subprocess.CompletedProcess(request["argv"], code, (tmp_path / "stdout").read_text(),
+                                        (tmp_path / "stderr").read_text())
+        plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
+        return r, plan
+    return run

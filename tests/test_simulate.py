@@ -18,34 +18,6 @@ SMALL_LLAMA = ["--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4"
                "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    """One warm process (tests/helpers/simulate_server.py) forks each run: the imports are paid once."""
-    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "helpers", "simulate_server.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    yield proc
-    proc.stdin.close()
-    proc.wait(timeout=60)
-
-
-@pytest.fixture
-def simulate(server):
-    """simulate(dir, *args, env=None) -> (CompletedProcess-like, plan or None): the CLI with --quiet."""
-    def run(tmp_path, *args, env=None):
-        out = tmp_path / "plan"
-        tmp_path.mkdir(parents=True, exist_ok=True)
-        request = {"argv": ["--quiet", "--out", str(out), *args], "env": env or {},
-                   "stdout": str(tmp_path / "stdout"), "stderr": str(tmp_path / "stderr")}
-        server.stdin.write(json.dumps(request) + "\n")
-        server.stdin.flush()
-        code = json.loads(server.stdout.readline())["returncode"]
-        r = subprocess.CompletedProcess(request["argv"], code, (tmp_path / "stdout").read_text(),
-                                        (tmp_path / "stderr").read_text())
-        plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else None
-        return r, plan
-    return run
-
-
 def line_of(program, marker):
     with open(os.path.join(PROGRAMS, program)) as f:
         return next(i for i, text in enumerate(f, 1) if marker in text)

@@ -127,7 +127,8 @@ def recost(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        name = args.instance or old.get("instance", "")
+        plans.check_recostable(old, args.recost)
+        name = args.instance or old["instance"]
         same_chip = simulate.resolve(name, None, 1, None)[0].chip.name == old.get("chip")
         lnc = args.lnc if args.lnc is not None else old.get("lnc") if same_chip else None
         nnodes = None if "x" in name.split(".")[0] or name in simulate.hardware.SYSTEMS else args.nnodes or old.get("nnodes")

@@ -248,10 +248,7 @@ def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
     the ranks' agreement is instance-independent and kept."""
     from torch_neuronx.simulate.recorder import RankRecord
 
-    if old.get("schema") != SCHEMA or old.get("mode") != "structure" or "recorded" not in old:
-        raise ValueError(f"{source} is not a plan this version can re-cost (schema {old.get('schema')!r}, mode "
-                         f"{old.get('mode')!r}; re-costing needs a structure plan of schema {SCHEMA}): run the "
-                         "simulation again to write one")
+    check_recostable(old, source)
     if len(old["ranks"]) != layout.nnodes * layout.nproc:
         raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked for: "
                          "re-cost with the plan's own --nnodes and --nproc-per-node")
@@ -284,6 +281,16 @@ def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
     result["simulation"] = {**old["simulation"], "recosted_from": os.path.abspath(source),
                             "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})"}
     return result
+
+
+def check_recostable(old, source: str) -> None:
+    """Raise ValueError, naming the fix, unless ``old`` is a plan :func:`recost` can read."""
+    if not isinstance(old, dict) or old.get("schema") != SCHEMA or old.get("mode") != "structure" \
+            or "recorded" not in old:
+        described = (f"schema {old.get('schema')!r}, mode {old.get('mode')!r}" if isinstance(old, dict)
+                     else type(old).__name__)
+        raise ValueError(f"{source} is not a plan this version can re-cost ({described}; re-costing needs a "
+                         f"structure plan of schema {SCHEMA}): run the simulation again to write one")
 
 
 def _parse_ranges(text: str) -> tuple[int, ...]:

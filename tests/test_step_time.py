@@ -1,0 +1,212 @@
+"""Time on Trainium (diagnostics/time_model.py): the model by hand, the step marker, the plan's time per
+rank and per step, --recost, a 1,024-rank plan, and the readiness report and the plan giving one program
+the same time."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torch_neuronx.diagnostics import cost_model, time_model
+from torch_neuronx.runtime import hardware
+from torch_neuronx.simulate import step
+
+PROGRAMS = os.path.join(os.path.dirname(__file__), "programs", "simulate")
+
+
+# ---- the model by hand -------------------------------------------------------------------------
+def test_a_collective_costs_its_ring_steps_latency_and_its_bytes_over_the_link():
+    cal = time_model.CALIBRATION
+    latency, transfer = time_model.collective_seconds("all_reduce", 16384, 64, 256e9, "NeuronLink")
+    assert latency == pytest.approx(2 * 63 * cal.step_latency_s["NeuronLink"])
+    assert transfer == pytest.approx(2 * 63 / 64 * 16384 / (256e9 * cal.bandwidth_fraction))
+    latency, transfer = time_model.collective_seconds("all_gather_into_tensor", 1 << 20, 32, 3.1e9, "EFA")
+    assert latency == pytest.approx(31 * cal.step_latency_s["EFA"])
+    assert transfer == pytest.approx(31 / 32 * (1 << 20) / (3.1e9 * cal.bandwidth_fraction))
+    assert time_model.collective_seconds("broadcast", 100, 8, 1e9, "on chip (assumed)")[0] == pytest.approx(
+        3 * cal.step_latency_s["NeuronLink"])
+    assert time_model.collective_seconds("all_reduce", 100, 1, 1e9, "NeuronLink") == (0.0, 0.0)
+
+
+def test_a_span_ranges_from_collectives_hidden_to_none_hidden():
+    cal = time_model.CALIBRATION
+    span = time_model.Span(compute_s=1e-3, eager_launches=10, graph_launches=2, comm_latency_s=3e-4,
+                           comm_transfer_s=2e-4)
+    low, high = span.seconds()
+    launches = [10 * e + 2 * g for e, g in zip(cal.eager_launch_s, cal.graph_launch_s)]
+    assert low == pytest.approx(max(1e-3 + launches[0], 5e-4))
+    assert high == pytest.approx(1e-3 + launches[1] + 5e-4)
+    comm_bound = time_model.Span(compute_s=1e-4, comm_latency_s=1e-3)
+    assert comm_bound.seconds()[0] == pytest.approx(1e-3)  # hidden under nothing: the collectives' time
+
+
+def test_a_fused_graph_moves_its_inputs_and_outputs_only():
+    from torch_neuronx.diagnostics.cost_model import TensorMeta
+    import torch
+
+    f32 = lambda *shape: TensorMeta(shape, torch.float32, "neuron")  # noqa: E731
+    account = time_model.FusedAccount()
+    account.add_input("x", f32(32, 64).nbytes)
+    account.add_input("w", f32(64, 64).nbytes)
+    mm = account.op("aten::mm", [("x", f32(32, 64)), ("w", f32(64, 64))], [("y", f32(32, 64))])
+    assert mm == ("fp32", 2 * 32 * 64 * 64, (32 * 64 + 64 * 64) * 4)
+    gelu = account.op("aten::gelu", [("y", f32(32, 64))], [("z", f32(32, 64))])
+    assert gelu[2] == 0  # y stays on chip
+    again = account.op("aten::mul.Tensor", [("z", f32(32, 64)), ("x", f32(32, 64))], [("o", f32(32, 64))])
+    assert again[2] == 0  # x was read once already
+    assert account.finish([("o", f32(32, 64)), ("o", f32(32, 64))]) == 32 * 64 * 4
+    # A KV cache updated in place: the new row is written; the cache is read at its first use after.
+    cache = account.add_input("cache", f32(1, 4096, 128).nbytes)
+    update = account.op("aten::index_copy", [("cache", f32(1, 4096, 128)), ("pos", f32(1)), ("row", f32(1, 1, 128))],
+                        [("cache2", f32(1, 4096, 128))])
+    assert cache is None and update[2] == 2 * (4 + 128 * 4)
+    attend = account.op("aten::bmm", [("q", f32(1, 1, 4096)), ("cache2", f32(1, 4096, 128))], [("a", f32(1, 1, 128))])
+    assert attend[2] == 4096 * 128 * 4
+    assert account.op("aten::copy_", [("cache", f32(1, 4096, 128)), ("cache2", f32(1, 4096, 128))],
+                      [("cache", f32(1, 4096, 128))])[2] == 0  # written back where it lives
+
+
+def test_the_calibration_says_what_it_was_fitted_to():
+    cal = time_model.CALIBRATION
+    assert 0 < cal.compute_fraction <= 1 and 0 < cal.bandwidth_fraction <= 1
+    assert any("19.6 ms" in f and "814.2 ms" in f for f in cal.fitted_to)
+    assert any("47.95 sequences/s" in f for f in cal.fitted_to)
+    text = " ".join(time_model.assumptions())
+    assert f"{cal.compute_fraction:.0%}" in text and "NeuronLink" in text and "EFA" in text
+
+
+# ---- the step marker ---------------------------------------------------------------------------
+def test_the_step_marker_is_a_no_op_outside_the_simulator():
+    with step("decode", tokens=1):
+        value = 1 + 1
+    assert value == 2
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"tokens": 0}, "tokens=0"), ({"sequences": -1}, "sequences=-1"), ({"tokens": 1.5}, "positive integer"),
+    ({"tokens": True}, "positive integer"),
+])
+def test_a_bad_step_count_is_named(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        with step("decode", **kwargs):
+            pass
+
+
+def test_a_step_without_a_name_is_named():
+    with pytest.raises(ValueError, match="give the step's name"):
+        with step(""):
+            pass
+
+
+STEPPED = """
+import torch, torch.distributed as dist
+from torch_neuronx.simulate import step
+dist.init_process_group("neuron")
+w = torch.ones(1024, 1024, dtype=torch.bfloat16, device="neuron")
+x = torch.ones(16, 1024, dtype=torch.bfloat16, device="neuron")
+with step("prefill", tokens=16):
+    y = x @ w
+    dist.all_reduce(y)
+for _ in range(3):
+    with step("decode", tokens=1):
+        z = x[:1] @ w
+        dist.all_reduce(z)
+"""
+
+
+def test_the_plan_times_each_marked_step_per_token(tmp_path, simulate):
+    (tmp_path / "stepped.py").write_text(STEPPED)
+    r, plan = simulate(tmp_path, "--nproc-per-node", "4", "--instance", "trn2.3xlarge", str(tmp_path / "stepped.py"))
+    assert r.returncode == 0, r.stderr
+    steps = plan["time"]["steps"]
+    assert set(steps) == {"prefill", "decode"} and steps["decode"]["count"] == 3 and steps["prefill"]["count"] == 1
+    profile = cost_model.profile_for("Trainium2", 2)
+    cal = time_model.CALIBRATION
+    mm = time_model.work_seconds(profile, "bf16", 2 * 16 * 1024 * 1024, (16 * 1024 + 1024 * 1024 + 16 * 1024) * 2)
+    assert steps["prefill"]["compute_seconds"] == pytest.approx(mm)
+    assert steps["prefill"]["eager_launches"] == 1  # one mm tile of 16 rows (128-row tile)
+    per_rank = hardware.INSTANCES["trn2.3xlarge"].links.chip_bytes_per_s / 4
+    latency, transfer = time_model.collective_seconds("all_reduce", 16 * 1024 * 2, 4, per_rank, "on chip (assumed)")
+    assert steps["prefill"]["communication_seconds"] == pytest.approx(latency + transfer)
+    low, high = steps["prefill"]["seconds"]
+    assert high == pytest.approx(mm + cal.eager_launch_s[1] + latency + transfer)
+    assert steps["prefill"]["per_token_seconds"] == pytest.approx([low / 16, high / 16])
+    assert steps["prefill"]["tokens_per_second"] == pytest.approx([16 / high, 16 / low])
+    # A decode step's slice and matmul, the same each step: the mean is one step's time.
+    assert steps["decode"]["per_token_seconds"] == steps["decode"]["seconds"]
+    whole = plan["ranks"][0]["step_seconds"]
+    assert whole[1] >= high + 3 * steps["decode"]["seconds"][1] - 1e-12
+    text = (tmp_path / "plan" / "plan.txt").read_text()
+    assert text.splitlines()[1].startswith("time on 1 x trn2.3xlarge (LNC=2), an estimate:")
+    assert "step 'decode' x 3:" in text and "per token" in text
+
+
+def test_steps_do_not_nest(tmp_path, simulate):
+    (tmp_path / "nested.py").write_text(
+        "import torch\nfrom torch_neuronx.simulate import step\nwith step('train'):\n    with step('inner'):\n"
+        "        torch.ones(2, device='neuron')\n")
+    r, plan = simulate(tmp_path, str(tmp_path / "nested.py"))
+    assert r.returncode == 1 and "steps do not nest" in r.stderr and "nested.py:4" in r.stderr
+
+
+# ---- what-if: --recost --------------------------------------------------------------------------
+def test_recost_equals_a_fresh_run_on_the_other_instance(tmp_path, simulate):
+    (tmp_path / "stepped.py").write_text(STEPPED)
+    program = str(tmp_path / "stepped.py")
+    r, trn2 = simulate(tmp_path / "a", "--nproc-per-node", "4", "--instance", "trn2.3xlarge", program)
+    assert r.returncode == 0, r.stderr
+    r, recosted = simulate(tmp_path / "b", "--recost", str(tmp_path / "a" / "plan" / "plan.json"),
+                           "--instance", "trn3-gen1", "--lnc", "1")
+    assert r.returncode == 0, r.stderr
+    r, fresh = simulate(tmp_path / "c", "--nproc-per-node", "4", "--instance", "trn3-gen1", "--lnc", "1", program)
+    assert r.returncode == 0, r.stderr
+    assert recosted["instance"] == "trn3-gen1" and recosted["lnc"] == 1
+    assert recosted["time"] == fresh["time"] and recosted["time"] != trn2["time"]
+    assert [x["step_seconds"] for x in recosted["ranks"]] == [x["step_seconds"] for x in fresh["ranks"]]
+    assert recosted["capacity_bytes"] == hardware.CHIPS["Trainium3"].core_memory(1)
+    assert "re-costed from" in (tmp_path / "b" / "plan" / "plan.txt").read_text()
+
+
+def test_recost_refuses_what_it_cannot_re_cost(tmp_path, simulate):
+    (tmp_path / "old.json").write_text(json.dumps({"schema": 1, "mode": "structure", "nproc_per_node": 1}))
+    r, _ = simulate(tmp_path, "--recost", str(tmp_path / "old.json"))
+    assert r.returncode == 2 and "is not a plan this version can re-cost" in r.stderr
+    assert "run the simulation again" in r.stderr
+    (tmp_path / "bad.json").write_text("{not json")
+    r, _ = simulate(tmp_path, "--recost", str(tmp_path / "bad.json"))
+    assert r.returncode == 2 and "cannot read the plan" in r.stderr
+
+
+# ---- a whole fleet -----------------------------------------------------------------------------
+def test_a_1024_rank_plan_is_grouped_and_small(tmp_path, simulate):
+    r, plan = simulate(tmp_path, "--nproc-per-node", "64", "--nnodes", "16", "--instance", "trn2.48xlarge",
+                       os.path.join(PROGRAMS, "tp_mlp.py"), env={"MLP_HIDDEN": "256"})
+    assert r.returncode == 0, r.stderr
+    assert plan["world_size"] == 1024 and plan["simulation"]["script_runs"] == 2
+    assert all(rank["step_seconds"] == plan["ranks"][0]["step_seconds"] for rank in plan["ranks"])
+    assert plan["ranks"][0]["communication_seconds"] > 0 and plan["groups"][0]["link"] == "EFA"
+    text = (tmp_path / "plan" / "plan.txt").read_text()
+    table = text[text.index("time per run"):text.index("rank 0's collectives")].strip().splitlines()
+    assert len(table) == 2 and table[1].split()[0] == "0-1023", table
+    assert os.path.getsize(tmp_path / "plan" / "plan.json") < 2_000_000
+
+
+# ---- one program, one time ------------------------------------------------------------------------
+def test_the_report_and_the_one_device_plan_give_a_program_the_same_time(tmp_path, simulate):
+    program = os.path.join(PROGRAMS, "one_device_flux2.py")
+    run = subprocess.run([sys.executable, "-m", "torch_neuronx.run", "--output-dir", str(tmp_path / "report"), program],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TORCH_NEURONX_INSTANCE_TYPE": "trn2.3xlarge"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    r, plan = simulate(tmp_path, "--instance", "trn2.3xlarge", program)
+    assert r.returncode == 0, r.stderr
+    # The same model; the op lists differ only where fake tensors see a composite the device splits
+    # (stack for cat, clone for copy_): well under a percent.
+    assert plan["ranks"][0]["step_seconds"] == pytest.approx(report["steady_state_seconds"], rel=0.01)
+    assert plan["ranks"][0]["eager_launches"] + plan["ranks"][0]["graph_launches"] == sum(
+        n["launches"] for n in report["neffs"])
+    assert math.isclose(plan["ranks"][0]["steps"]["compiled"]["compute_seconds"],
+                        report["compiled_graphs"][0]["estimated_ms_per_call"] / 1e3, rel_tol=1e-9)
