@@ -155,8 +155,8 @@ def _estimate(report) -> str:
     return "".join([
         f"<section id=\"estimate\"><h2>ESTIMATED time on {escape(report.profile['chip'])} at LNC="
         f"{report.profile['lnc']}: {escape(estimate(report.estimated_ms))}</h2>",
-        "<p class=\"note\">Times here are <strong>estimates</strong> from a roofline model of one logical NeuronCore with calibrated peaks "
-        "(see the assumptions), not measurements: every op ran on this host's CPU.</p>",
+        "<p class=\"note\">Times here are <strong>estimates</strong> from a roofline model of one logical NeuronCore "
+        "with calibrated peaks (see the assumptions), not measurements: every op ran on this host's CPU.</p>",
         "<h3>By phase and op family</h3>", phase_family_chart(report.phases, report.families),
         _table(["op family", "calls", "FLOPs", "bytes", "est. time", "bound"], families, numeric={1, 2, 3, 4}),
         _table(["phase", "wall time here", "eager calls", "graph calls", "roofline", "launches", "with launches"],

@@ -301,7 +301,8 @@ class _GraphOpRecorder(TorchDispatchMode):
         if isinstance(func, torch._ops.OpOverload) and not func.is_view and func.namespace != "prim" \
                 and func.name() != "aten::_unsafe_view":
             name = func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
-            inputs, results = time_model.keyed_metas(tree_leaves((args, kwargs))), time_model.keyed_metas(tree_leaves(out))
+            inputs = time_model.keyed_metas(tree_leaves((args, kwargs)))
+            results = time_model.keyed_metas(tree_leaves(out))
             self.ops.append((name, tuple(m for _, m in inputs), tuple(m for _, m in results)))
             self.fused.append(self.account.op(name, inputs, results))
             self.sites.append(self.site)

@@ -4,10 +4,10 @@ An op call costs max(FLOPs / (peak x compute fraction), HBM bytes / (HBM bandwid
 fraction)), plus its launch: an eager op's NEFF launch (mm: one per tile), or one launch per call
 of a compiled graph. A compiled graph is one fused NEFF: its ops move to and from HBM only the
 graph's inputs (read once per call) and its outputs (written once); the intermediates between its
-ops stay on chip, tiled through the core's SRAM by the compiler (:class:`FusedAccount`). A collective costs its ring steps times the per-step latency of the
-slowest link its group crosses plus its bytes over that link's bandwidth (x the bandwidth
-fraction). A step's time is a range: collectives fully overlapped with compute (low) or not at
-all (high).
+ops stay on chip, tiled through the core's SRAM by the compiler (:class:`FusedAccount`). A
+collective costs its ring steps times the per-step latency of the slowest link its group
+crosses plus its bytes over that link's bandwidth (x the bandwidth fraction). A step's time is a
+range: collectives fully overlapped with compute (low) or not at all (high).
 
 The peaks and bandwidths are AWS's published figures (:mod:`torch_neuronx.runtime.hardware`).
 The fractions, the per-step latencies and the launch costs are not published: they are fitted to

@@ -131,7 +131,8 @@ def recost(args) -> int:
         name = args.instance or old["instance"]
         same_chip = simulate.resolve(name, None, 1, None)[0].chip.name == old.get("chip")
         lnc = args.lnc if args.lnc is not None else old.get("lnc") if same_chip else None
-        nnodes = None if "x" in name.split(".")[0] or name in simulate.hardware.SYSTEMS else args.nnodes or old.get("nnodes")
+        counted = "x" in name.split(".")[0] or name in simulate.hardware.SYSTEMS  # the name says how many nodes
+        nnodes = None if counted else args.nnodes or old.get("nnodes")
         instance, nnodes, lnc = simulate.resolve(name, nnodes, old.get("nproc_per_node", 1), lnc)
         layout = plans.Layout(instance, lnc, nnodes, old["nproc_per_node"])
         result = plans.recost(old, layout, instance.chip.core_memory(lnc), args.recost)

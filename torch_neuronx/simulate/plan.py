@@ -250,8 +250,8 @@ def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
 
     check_recostable(old, source)
     if len(old["ranks"]) != layout.nnodes * layout.nproc:
-        raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked for: "
-                         "re-cost with the plan's own --nnodes and --nproc-per-node")
+        raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked "
+                         "for: re-cost with the plan's own --nnodes and --nproc-per-node")
     group_ranks = {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
     records, base = [], {}
     for entry in old["ranks"]:
@@ -273,7 +273,8 @@ def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
         if over and over.get("allocation_bytes"):
             from torch_neuronx.simulate.recorder import OverCapacity
 
-            rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"], over["site"])
+            rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"],
+                                    over["site"])
         records.append(rec)
     result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
                    divergence=old["divergence"] or {})

@@ -82,7 +82,8 @@ def text(plan: dict) -> str:
         where = (f"crossed by a {format_bytes(o['allocation_bytes'])} allocation ({o['op']}) at "
                  f"{o['line'] or o['site'] or 'an unknown line'}" if o["allocation_bytes"] else
                  "where it crossed is not known (re-costed for a smaller HBM: run the simulation to find the line)")
-        out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; {where}")
+        out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; "
+                   f"{where}")
     sim = plan.get("simulation", {})
     sym = sim.get("symmetry") or {}
     if sim.get("recosted_from"):
@@ -99,9 +100,9 @@ def text(plan: dict) -> str:
     out.append(f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
                f"{'time per run':>21}")
     for members, r in _rank_rows(plan):
-        grouped = len(members) > 1
-        out.append(f"{id_ranges(members):>11} {'-' if grouped and len(plan['ranks']) > 64 else r['node']:>4} "
-                   f"{'-' if grouped and len(plan['ranks']) > 64 else r['chip']:>4} {format_bytes(r['peak_bytes']):>11} "
+        spread = len(members) > 1 and len(plan["ranks"]) > 64  # a row of ranks on several nodes and chips
+        out.append(f"{id_ranges(members):>11} {'-' if spread else r['node']:>4} {'-' if spread else r['chip']:>4} "
+                   f"{format_bytes(r['peak_bytes']):>11} "
                    f"{100 * r['peak_bytes'] / cap:>6.1f}% {r['collective_calls']:>11} "
                    f"{format_seconds(r['communication_seconds']):>10} {seconds_range(r['step_seconds']):>21}"
                    + ("" if r["fits"] else "  OVER"))
@@ -147,7 +148,8 @@ def page(plan: dict) -> str:
             f"<tr class='{'over' if not r['fits'] else ''}'><td>{e(id_ranges(members))}</td><td>{r['node']}</td>"
             f"<td>{r['chip']}</td><td>{e(format_bytes(r['peak_bytes']))}</td><td><div class='bar'><div style='width:"
             f"{min(100, 100 * r['peak_bytes'] / cap):.1f}%'></div></div></td><td>{r['collective_calls']}</td>"
-            f"<td>{e(format_seconds(r['communication_seconds']))}</td><td>{e(seconds_range(r['step_seconds']))}</td></tr>"
+            f"<td>{e(format_seconds(r['communication_seconds']))}</td>"
+            f"<td>{e(seconds_range(r['step_seconds']))}</td></tr>"
             for members, r in _rank_rows(plan))
         body.append("<table><tr><th>ranks</th><th>node</th><th>chip</th><th>peak</th><th>of "
                     f"{e(format_bytes(cap))}</th><th>collectives</th><th>communication</th><th>time per run</th></tr>"
