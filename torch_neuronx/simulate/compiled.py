@@ -12,17 +12,16 @@ from __future__ import annotations
 import contextlib
 
 from torch_neuronx.runtime import hooks
+from torch_neuronx.simulate import steps
 
 
 def _part(name: str, kind: str):
     """AOTAutograd's compiler of one part (forward, backward, inference): run its graph as it is."""
-    from torch_neuronx.simulate import recorder
-
     def compile_part(fx_graph, _example_inputs):
         label = name if kind != "backward" else f"{name}.backward"
 
         def run(args):
-            active = recorder.active()
+            active = steps.recording
             with active.graph_call(label, args) if active is not None else contextlib.nullcontext() as call:
                 outputs = fx_graph(*args)
                 if call is not None:

@@ -116,43 +116,43 @@ def grouped_collectives(rec) -> dict[tuple, int]:
     return {(op, translate.get(g, g), b, s, line, step): n for (op, g, b, s, line, step), n in cached.items()}
 
 
-def _compute_spans(profile, rec) -> dict:
+def _compute_spans(profile, rec, cal) -> dict:
     """{step: Span} of a record's op calls and launches (no collectives yet)."""
     spans = {}
     for step in set(rec.work) | set(rec.launches):
         launches = rec.launches.get(step, {})
-        spans[step] = time_model.Span(time_model.work_span(profile, Counter(rec.work.get(step, {}))),
+        spans[step] = time_model.Span(time_model.work_span(profile, Counter(rec.work.get(step, {})), cal),
                                       launches.get("eager", 0), launches.get("graph", 0))
     return spans
 
 
-def _seconds_pair(span: time_model.Span, per: int = 1) -> list[float]:
-    return [s / per for s in span.seconds()]
+def _seconds_pair(span: time_model.Span, cal, per: int = 1) -> list[float]:
+    return [s / per for s in span.seconds(cal)]
 
 
-def _step_rows(spans: dict, steps: dict) -> dict:
+def _step_rows(spans: dict, steps: dict, cal) -> dict:
     """Each marked step's time: per step (the mean over its calls), per token or sequence."""
     rows = {}
     for name, info in steps.items():
         span, count = spans.get(name, time_model.Span()), max(1, info["count"])
         row = {"count": info["count"], "tokens": info["tokens"], "sequences": info["sequences"],
-               "seconds": _seconds_pair(span, count), "compute_seconds": span.compute_s / count,
-               "launch_seconds": [s / count for s in span.launch_s()],
+               "seconds": _seconds_pair(span, cal, count), "compute_seconds": span.compute_s / count,
+               "launch_seconds": [s / count for s in span.launch_s(cal)],
                "eager_launches": span.eager_launches / count, "graph_launches": span.graph_launches / count,
                "communication_seconds": span.comm_s / count, "communication_latency_seconds":
                    span.comm_latency_s / count}
         for unit in ("tokens", "sequences"):
             if info[unit]:
-                row[f"per_{unit[:-1]}_seconds"] = _seconds_pair(span, count * info[unit])
+                row[f"per_{unit[:-1]}_seconds"] = _seconds_pair(span, cal, count * info[unit])
                 row[f"{unit}_per_second"] = [info[unit] / s if s else 0.0 for s in reversed(row["seconds"])]
         rows[name] = row
     return rows
 
 
 def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: float, runs: int,
-          divergence: dict | None = None) -> dict:
-    """The plan of ``records`` on ``layout`` (a dict: plan.json). ``divergence``, when given, is
-    taken as found (re-costing a plan); else the records are checked."""
+          divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> dict:
+    """The plan of ``records`` on ``layout`` (a dict: plan.json), timed with ``cal``. ``divergence``,
+    when given, is taken as found (re-costing a plan); else the records are checked."""
     profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
     groups: dict[tuple, str] = {}
     group_rows, ranks, over = [], [], []
@@ -160,7 +160,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     recorded = {}
     for rec in records:
         if id(rec.work) not in compute_cache:
-            compute_cache[id(rec.work)] = _compute_spans(profile, rec)
+            compute_cache[id(rec.work)] = _compute_spans(profile, rec, cal)
         spans = {step: time_model.Span(**vars(span)) for step, span in compute_cache[id(rec.work)].items()}
         calls = []
         for (op, group, nbytes, shapes, line, step), n in grouped_collectives(rec).items():
@@ -170,7 +170,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
                 group_rows.append({"name": groups[group], "ranks": ranges(group), "size": len(group),
                                    "link": link, "bytes_per_s_per_rank": bw})
             link, bw = layout.link(group)
-            latency, transfer = time_model.collective_seconds(op, nbytes, len(group), bw, link)
+            latency, transfer = time_model.collective_seconds(op, nbytes, len(group), bw, link, cal)
             span = spans.setdefault(step, time_model.Span())
             span.comm_latency_s += n * latency
             span.comm_transfer_s += n * transfer
@@ -182,12 +182,12 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
         entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
                  "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
                  "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
-                 "step_seconds": list(whole.seconds()), "compute_seconds": whole.compute_s,
-                 "launch_seconds": list(whole.launch_s()), "eager_launches": whole.eager_launches,
+                 "step_seconds": list(whole.seconds(cal)), "compute_seconds": whole.compute_s,
+                 "launch_seconds": list(whole.launch_s(cal)), "eager_launches": whole.eager_launches,
                  "graph_launches": whole.graph_launches, "communication_seconds": whole.comm_s,
                  "communication_latency_seconds": whole.comm_latency_s,
                  "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
-                 "steps": _step_rows(spans, rec.steps)}
+                 "steps": _step_rows(spans, rec.steps, cal)}
         if rec.over is not None and rec.over.bytes_live > capacity:
             entry["over_capacity"] = {"line": rec.over.line, "site": rec.over.site, "op": rec.over.op,
                                       "allocation_bytes": rec.over.allocation, "live_bytes": rec.over.bytes_live}
@@ -208,7 +208,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
         "schema": SCHEMA, "mode": "structure", "script": os.path.abspath(script), "args": list(argv),
         "instance": layout.instance.name, "chip": layout.instance.chip.name, "lnc": layout.lnc,
         "nnodes": layout.nnodes, "nproc_per_node": layout.nproc, "world_size": len(records),
-        "capacity_bytes": capacity, "time": time_summary(ranks, profile, layout), "ranks": ranks,
+        "capacity_bytes": capacity, "time": time_summary(ranks, profile, layout, cal), "ranks": ranks,
         "over_capacity": over, "groups": group_rows,
         "communication": {
             "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
@@ -221,14 +221,14 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     }
 
 
-def time_summary(ranks: list[dict], profile, layout: Layout) -> dict:
+def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Calibration) -> dict:
     """The job's time: the slowest rank's (ranks wait for each other at their collectives)."""
     if not ranks:
         return {}
     slowest = max(ranks, key=lambda r: r["step_seconds"][1])
     return {"step_seconds": [max(r["step_seconds"][0] for r in ranks), slowest["step_seconds"][1]],
             "slowest_rank": slowest["rank"], "steps": slowest["steps"], "profile": profile.as_dict(),
-            "calibration": time_model.CALIBRATION.as_dict(), "assumptions": time_model.assumptions(),
+            "calibration": cal.as_dict(), "assumptions": time_model.assumptions(cal),
             "sources": [profile.source, layout.instance.links.source]}
 
 
@@ -242,7 +242,8 @@ def record_json(rec) -> dict:
             "launches": steps_of(rec.launches), "steps": rec.steps}
 
 
-def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
+def recost(old: dict, layout: Layout, capacity: int, source: str,
+           cal: time_model.Calibration = time_model.CALIBRATION) -> dict:
     """A written plan (plan.json, schema 2) costed again on ``layout``: its ranks' recorded work,
     launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
     the ranks' agreement is instance-independent and kept."""
@@ -277,7 +278,7 @@ def recost(old: dict, layout: Layout, capacity: int, source: str) -> dict:
                                     over["site"])
         records.append(rec)
     result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
-                   divergence=old["divergence"] or {})
+                   divergence=old["divergence"] or {}, cal=cal)
     result["divergence"] = old["divergence"]
     result["simulation"] = {**old["simulation"], "recosted_from": os.path.abspath(source),
                             "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})"}

@@ -142,14 +142,6 @@ class GraphCall:
         self.name, self.account, self.outputs = name, account, None
 
 
-_active: RankRecorder | None = None
-
-
-def active() -> RankRecorder | None:
-    """The recorder of the rank being simulated in this process, while it records."""
-    return _active
-
-
 @functools.lru_cache(maxsize=4096)
 def _op_name(func) -> str:
     return func._schema.name + ("" if func._overloadname == "default" else f".{func._overloadname}")
@@ -311,8 +303,7 @@ class RankRecorder(TorchDispatchMode):
                 recorder._paused -= 1
 
         ShardingPropagator._propagate_tensor_meta_non_cached = propagate
-        global _active
-        _active, steps._sink = self, self
+        steps.recording = self
         self._simulating = compiled.installed()
         self._simulating.__enter__()
         return super().__enter__()
@@ -320,10 +311,9 @@ class RankRecorder(TorchDispatchMode):
     def __exit__(self, *exc):
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-        global _active
         torch.UntypedStorage.resize_ = self._resize
         ShardingPropagator._propagate_tensor_meta_non_cached = self._meta
-        _active, steps._sink = None, None
+        steps.recording = None
         self._simulating.__exit__(*exc)
         return super().__exit__(*exc)
 

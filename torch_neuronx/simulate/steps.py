@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 
-# The recorder of the rank being simulated, while it records (simulate/recorder.py sets it).
-_sink = None
+# The recorder of the rank being simulated, while it records (simulate/recorder.py sets it): it
+# takes the steps, and the calls of compiled graphs (simulate/compiled.py).
+recording = None
 
 
 def _count(value, what: str) -> int | None:
@@ -31,7 +32,7 @@ def step(name: str = "step", *, tokens: int | None = None, sequences: int | None
     if not isinstance(name, str) or not name:
         raise ValueError(f"torch_neuronx.simulate.step(name={name!r}): give the step's name, e.g. 'decode'")
     tokens, sequences = _count(tokens, "tokens"), _count(sequences, "sequences")
-    sink = _sink
+    sink = recording
     if sink is None:
         yield
         return
