@@ -210,3 +210,27 @@ def test_the_report_and_the_one_device_plan_give_a_program_the_same_time(tmp_pat
         n["launches"] for n in report["neffs"])
     assert math.isclose(plan["ranks"][0]["steps"]["compiled"]["compute_seconds"],
                         report["compiled_graphs"][0]["estimated_ms_per_call"] / 1e3, rel_tol=1e-9)
+
+
+ATTENTION = """
+import torch, torch.nn.functional as F
+from torch_neuronx.simulate import step
+q = torch.ones(1, 2, {length}, 64, dtype=torch.bfloat16, device="neuron", requires_grad=True)
+f = torch.compile(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True).sum(), backend="neuron",
+                  fullgraph=True)
+with step("train"):
+    f(q).backward()
+"""
+
+
+@pytest.mark.parametrize("length, flash", [(1024, True), (1000, False)])
+def test_compiled_attention_takes_the_nki_flash_kernel_where_torchneuron_would(tmp_path, simulate, length, flash):
+    """Lengths multiples of 512: TorchNeuron's compiler calls its flash kernel, and the scores never reach
+    HBM; otherwise its plain decomposition saves them for the backward (a graph output, then an input)."""
+    (tmp_path / "attention.py").write_text(ATTENTION.format(length=length))
+    r, plan = simulate(tmp_path, str(tmp_path / "attention.py"))
+    assert r.returncode == 0, r.stderr
+    items = [i for s in plan["recorded"]["0"]["work"] if s["step"] == "train" for i in s["items"]]
+    scores = 2 * length * length * 4  # two heads' fp32 scores: the plain decomposition's saved tensors
+    moved = sum(b * n for _, _, b, n in items)
+    assert (moved < scores) == flash, (moved, scores)
