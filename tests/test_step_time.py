@@ -234,3 +234,35 @@ def test_compiled_attention_takes_the_nki_flash_kernel_where_torchneuron_would(t
     scores = 2 * length * length * 4  # two heads' fp32 scores: the plain decomposition's saved tensors
     moved = sum(b * n for _, _, b, n in items)
     assert (moved < scores) == flash, (moved, scores)
+
+
+# ---- calibrated against AWS's figures ----------------------------------------------------------
+def _steps(simulate, tmp_path, run, *extra):
+    from torch_neuronx.simulate import calibration
+
+    instance_args, program, flags = calibration.RUNS[run]
+    r, plan = simulate(tmp_path, *instance_args, os.path.join(PROGRAMS, program), *flags, *extra)
+    assert r.returncode == 0, r.stderr
+    assert plan["simulation"]["script_runs"] == 2  # the others relabelled: a 64- and a 1,024-rank plan
+    return plan["time"]["steps"]
+
+
+def test_the_calibrated_model_reproduces_awss_figures_within_1_25x(tmp_path, simulate):
+    """The 70B decode at full width on 1 and 2 of its 80 layers, and the 8B training step at full width on
+    1 and 2 of its 32 layers and 1 and 2 of its 32 microbatches, extrapolated (every layer and microbatch
+    costs the same): within 1.25x of TPOT 19.6 ms, TTFT 814 ms and 47.95 sequences/s.
+    benchmarks/bench_step_time.py runs them at full size."""
+    from torch_neuronx.simulate import calibration
+
+    figures = calibration.FIGURES
+    decode = {(layers, 1): _steps(simulate, tmp_path / f"d{layers}", "decode", "--layers", str(layers),
+                                  "--new-tokens", "3") for layers in (1, 2)}
+    train = {(layers, m): _steps(simulate, tmp_path / f"t{layers}{m}", "train", "--layers", str(layers),
+                                 "--global-batch", str(32 * m)) for layers in (1, 2) for m in (1, 2)}
+    got = {}
+    for key, steps, layers, microbatches in (("tpot", decode, 80, 1), ("ttft", decode, 80, 1),
+                                             ("train", train, 32, 32)):
+        seconds = {lm: calibration.step_seconds(figures[key], s) for lm, s in steps.items()}
+        got[key] = calibration.value(figures[key], calibration.extrapolate(seconds, layers, microbatches))
+    ratios = {key: calibration.ratio(figures[key], v) for key, v in got.items()}
+    assert all(1 / 1.25 <= r <= 1.25 for r in ratios.values()), (ratios, got)

@@ -73,6 +73,10 @@ parser.add_argument("--lr", type=float, default=1.5e-4)
 parser.add_argument("--weight-decay", type=float, default=0.01)
 parser.add_argument("--rope-theta", type=float, default=500000.0)
 parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every block")
+parser.add_argument("--sequence-parallel", action="store_true",
+                    help="Megatron's sequence parallelism, as AWS's run: between the blocks' parallel regions "
+                         "(the norms, the residual adds) each TP rank holds 1/TP of the sequence; all_gather "
+                         "before and reduce_scatter after each parallel region instead of all_reduce")
 parser.add_argument("--dtype", default="bfloat16", help="the parameters' and the compute's dtype")
 parser.add_argument("--eager", action="store_true", help="run the blocks uncompiled")
 args = parser.parse_args()
@@ -109,6 +113,52 @@ _ops = torch.ops._c10d_functional
 
 def all_reduce(x, op="sum", group=tp_group):
     return _ops.wait_tensor(_ops.all_reduce(x, op, group.group_name))
+
+
+def _along_sequence(collective, x):
+    """A functional collective on dim 1 (the sequence) of a (batch, seq, hidden) tensor."""
+    return _ops.wait_tensor(collective(x.transpose(0, 1).contiguous())).transpose(0, 1)
+
+
+def gather_sequence(x):
+    return _along_sequence(lambda t: _ops.all_gather_into_tensor(t, tp, tp_group.group_name), x)
+
+
+def scatter_sequence(x):
+    return _along_sequence(lambda t: _ops.reduce_scatter_tensor(t, "sum", tp, tp_group.group_name), x)
+
+
+class GatherFromSP(torch.autograd.Function):
+    """Sequence parallelism's entry to a parallel region: all_gather forward, reduce_scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return gather_sequence(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return scatter_sequence(grad)
+
+
+class ScatterToSP(torch.autograd.Function):
+    """Sequence parallelism's exit from a parallel region: reduce_scatter forward, all_gather backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return scatter_sequence(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return gather_sequence(grad)
+
+
+# The entry to and exit from a tensor-parallel region (Megatron's f and g, or sequence parallelism's).
+def enter_tp(x):
+    return GatherFromSP.apply(x) if args.sequence_parallel else CopyToTP.apply(x)
+
+
+def leave_tp(x):
+    return ScatterToSP.apply(x) if args.sequence_parallel else ReduceFromTP.apply(x)
 
 
 class CopyToTP(torch.autograd.Function):
@@ -162,8 +212,8 @@ class Block(nn.Module):
         self.down = nn.Linear(args.ffn // tp, args.hidden, bias=False)  # row-parallel
 
     def forward(self, x, cos, sin):
-        b, s, _ = x.shape
-        h = CopyToTP.apply(self.attention_norm(x))
+        h = enter_tp(self.attention_norm(x))
+        b, s, _ = h.shape
         q = self.wq(h).view(b, s, q_local, head_dim).transpose(1, 2)
         k = self.wk(h).view(b, s, kv_local, head_dim).transpose(1, 2)
         v = self.wv(h).view(b, s, kv_local, head_dim).transpose(1, 2)
@@ -171,9 +221,9 @@ class Block(nn.Module):
         k = k.repeat_interleave(q_local // kv_local, dim=1)
         v = v.repeat_interleave(q_local // kv_local, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + ReduceFromTP.apply(self.wo(out.transpose(1, 2).reshape(b, s, q_local * head_dim)))
-        h = CopyToTP.apply(self.ffn_norm(x))
-        return x + ReduceFromTP.apply(self.down(F.silu(self.gate(h)) * self.up(h)))
+        x = x + leave_tp(self.wo(out.transpose(1, 2).reshape(b, s, q_local * head_dim)))
+        h = enter_tp(self.ffn_norm(x))
+        return x + leave_tp(self.down(F.silu(self.gate(h)) * self.up(h)))
 
 
 class Llama(nn.Module):
@@ -189,13 +239,13 @@ class Llama(nn.Module):
         """tokens (batch, seq) -> this rank's vocab-parallel logits (batch, seq, vocab/tp)."""
         local = tokens - self.vocab_start
         inside = (local >= 0) & (local < vocab_local)
-        x = ReduceFromTP.apply(self.embed(torch.where(inside, local, 0)) * inside.unsqueeze(-1).to(dtype))
+        x = leave_tp(self.embed(torch.where(inside, local, 0)) * inside.unsqueeze(-1).to(dtype))
         freqs = 1.0 / (args.rope_theta ** (torch.arange(0, head_dim, 2, device=tokens.device).float() / head_dim))
         angles = torch.outer(torch.arange(tokens.shape[1], device=tokens.device).float(), freqs)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         for layer in self.layers:
             x = checkpoint(layer, x, cos, sin, use_reentrant=False) if args.checkpoint else layer(x, cos, sin)
-        return self.lm_head(CopyToTP.apply(self.norm(x)))
+        return self.lm_head(enter_tp(self.norm(x)))
 
 
 def vocab_parallel_cross_entropy(logits, targets, vocab_start):
