@@ -46,7 +46,9 @@ NUMERICS_LLAMA = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads",
                   "512", "--seq", "32", "--batch", "2", "--dtype", "float32", "--tp", "8"]
 
 
-def simulate(args, out):
+def run_simulator(args, out):
+    """`python -m torch_neuronx.simulate --quiet --out OUT ARGS`, timed, its peak resident memory
+    sampled: (the measurements as a dict, the plan it wrote)."""
     cmd = [sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", out, *args]
     load_before = os.getloadavg()
     start, peak = time.perf_counter(), 0
@@ -60,7 +62,12 @@ def simulate(args, out):
         plan = json.load(f)
     return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": elapsed, "peak_rss_bytes": peak,
             "load_average_1min": [load_before[0], os.getloadavg()[0]],
-            "stdout": stdout[-2000:], "stderr": stderr[-2000:], "plan": summary(plan)}
+            "stdout": stdout[-2000:], "stderr": stderr[-2000:]}, plan
+
+
+def simulate(args, out):
+    measured, plan = run_simulator(args, out)
+    return {**measured, "plan": summary(plan)}
 
 
 def summary(plan):

@@ -13,33 +13,19 @@ Targets (issue 32): each figure within 1.5x; the 1,024-rank plan within 10 minut
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 
 import common  # noqa: F401  (beside this file; no torch)
 import targets
-from bench_simulate import GiB, PROGRAMS, _rss
+from bench_simulate import GiB, PROGRAMS, run_simulator
 
 
 def simulate(run, out, extra):
     from torch_neuronx.simulate import calibration
 
     instance_args, program, flags = calibration.RUNS[run]
-    cmd = [sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", out, *instance_args,
-           os.path.join(PROGRAMS, program), *flags, *extra]
-    start, peak = time.perf_counter(), 0
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while proc.poll() is None:
-        peak = max(peak, _rss(proc.pid))
-        time.sleep(0.2)
-    stdout, stderr = proc.communicate()
-    elapsed = time.perf_counter() - start
-    with open(os.path.join(out, "plan.json")) as f:
-        plan = json.load(f)
-    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": elapsed, "peak_rss_bytes": peak,
-            "load_average_1min": os.getloadavg()[0], "stderr": stderr[-2000:], "plan": plan}
+    measured, plan = run_simulator([*instance_args, os.path.join(PROGRAMS, program), *flags, *extra], out)
+    return {**measured, "plan": plan}
 
 
 def predictions(plans, cal=None):
@@ -83,7 +69,7 @@ def main():
                                       1.5))
     for run, r in runs.items():
         print(f"{run}: {r['plan']['world_size']} ranks simulated in {r['seconds']:.0f} s, peak RSS "
-              f"{r['peak_rss_bytes'] / GiB:.2f} GiB, load average {r['load_average_1min']:.1f}, exit {r['returncode']}")
+              f"{r['peak_rss_bytes'] / GiB:.2f} GiB, load average {r['load_average_1min'][1]:.1f}, exit {r['returncode']}")
     entries.append(targets.target("simulate 1,024 ranks (8B, 32 x trn1.32xlarge): wall time",
                                   [runs["train"]["seconds"]] if runs["train"]["returncode"] == 0 else [], 600,
                                   unit="s"))
