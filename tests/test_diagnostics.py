@@ -429,7 +429,7 @@ def test_matmul_estimate_by_hand():
     assert cost.flops == 2 * 1024**3 == 2_147_483_648
     assert cost.bytes == 3 * 1024 * 1024 * 2 == 6_291_456
     # compute: 2.147e9 / (166.75e12 x the compute fraction); memory: 6.29e6 / (0.725e12 x the bandwidth
-    # fraction): at 30% and 60%, 42.9 us against 14.5 us -> compute-bound
+    # fraction): at 60% and 50%, 21.5 us against 17.4 us -> compute-bound
     assert cost.bound == "compute"
     assert math.isclose(cost.seconds, 2_147_483_648 / (166.75e12 * cal.compute_fraction))
     small = time_model.op_cost(p, "aten::mm", (TensorMeta((128, 256), torch.bfloat16, N),

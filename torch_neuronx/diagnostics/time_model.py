@@ -43,12 +43,12 @@ class Calibration:
         return dataclasses.asdict(self)
 
 
-# Fitted (docs/step-time.md, benchmarks/bench_step_time.py --fit): the three constants minimizing the
-# largest ratio between the no-overlap end of the plan and AWS's figures below. EFA's step latency is
+# Fitted (docs/step-time.md, benchmarks/bench_step_time.py --fit, on full-size plans): the three
+# constants minimizing the largest ratio between the no-overlap end of the plan and AWS's figures below. EFA's step latency is
 # not fitted (AWS's training figure barely depends on it): a typical RDMA round trip, assumed.
 CALIBRATION = Calibration(
-    compute_fraction=0.55,
-    bandwidth_fraction=0.40,
+    compute_fraction=0.60,
+    bandwidth_fraction=0.50,
     step_latency_s={NEURONLINK: 0.55e-6, EFA: 15e-6},
     eager_launch_s=neff_forecast.EAGER_LAUNCH_SECONDS,
     graph_launch_s=neff_forecast.GRAPH_LAUNCH_SECONDS,

@@ -38,7 +38,8 @@ FIGURES = {
 }
 # The simulator's command line for each program at full size (the program's own flags after it).
 RUNS = {
-    "decode": (["--nproc-per-node", "64", "--instance", "trn2.48xlarge"], "llama_decode_tp.py", []),
+    "decode": (["--nproc-per-node", "64", "--instance", "trn2.48xlarge"], "llama_decode_tp.py",
+               ["--max-length", "11500"]),  # the cache of AWS's 10,000 + 1,500 tokens
     "train": (["--nproc-per-node", "32", "--nnodes", "32", "--instance", "trn1.32xlarge", "--lnc", "1"],
               "llama_train_tp_dp.py", ["--sequence-parallel"]),
 }

@@ -60,6 +60,9 @@ parser.add_argument("--head-dim", type=int, default=None, help="default: hidden 
 parser.add_argument("--vocab", type=int, default=128256)
 parser.add_argument("--prompt", type=int, default=10000, help="prompt length (prefill tokens)")
 parser.add_argument("--new-tokens", type=int, default=1500, help="generated tokens: the prefill's, then one per decode step")
+parser.add_argument("--max-length", type=int, default=None,
+                    help="positions of the static KV cache (default: prompt + new tokens), as a server sizes it "
+                         "for its longest request")
 parser.add_argument("--batch", type=int, default=1)
 parser.add_argument("--rope-theta", type=float, default=500000.0)
 parser.add_argument("--dtype", default="bfloat16")
@@ -86,7 +89,10 @@ kv_local = max(1, args.kv_heads // tp)  # with tp > kv_heads, each KV head is re
 if q_local % kv_local:
     parser.error(f"{q_local} query heads per rank do not share {kv_local} KV heads evenly")
 vocab_local = args.vocab // tp
-max_len = args.prompt + args.new_tokens
+max_len = args.max_length or args.prompt + args.new_tokens
+if max_len < args.prompt + args.new_tokens:
+    parser.error(f"--max-length {max_len} is shorter than the prompt and the new tokens "
+                 f"({args.prompt + args.new_tokens})")
 
 
 def all_reduce(x):
