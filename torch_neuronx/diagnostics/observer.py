@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from torch_neuronx.interop import ecosystem_errors
-from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch, time_model
+from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch, time_model, trainium_attention
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, hooks, ops
 
@@ -342,9 +342,13 @@ def _replayed(name: str, gm: torch.fx.GraphModule, example_inputs) -> tuple[Comp
     """A graph replayed on FakeTensors, its aten ops recorded (with their user lines)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from torch_neuronx.neuron_dynamo_backend.host_graph import copy_graph_module
+
     recorder = _GraphOpRecorder()
     graph = CompiledGraph(name, recorder.ops)
     try:
+        gm = copy_graph_module(gm)
+        trainium_attention.as_on_trainium(gm)  # the attention Trainium would run, costed
         # A fresh fake mode and new fakes: Dynamo's own inputs and fakes stay untouched.
         with FakeTensorMode(), torch.no_grad():
             inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
