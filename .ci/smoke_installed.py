@@ -120,6 +120,35 @@ def _run_wrapper():
         assert any(f["kind"] == "float64" for f in report["findings"]), report["findings"]
 
 
+@check("python -m torch_neuronx.simulate times marked steps, and --recost re-costs the plan")
+def _simulate():
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, "tp.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent("""
+                import torch, torch.distributed as dist
+                from torch_neuronx.simulate import step
+                dist.init_process_group("neuron")
+                w = torch.ones(256, 256, device="neuron")
+                for _ in range(2):
+                    with step("decode", tokens=1):
+                        y = torch.ones(1, 256, device="neuron") @ w
+                        dist.all_reduce(y)
+            """))
+        out = os.path.join(folder, "plan")
+        run([PYTHON, "-m", "torch_neuronx.simulate", "--quiet", "--nproc-per-node", "2", "--instance",
+             "trn2.3xlarge", "--out", out, script])
+        with open(os.path.join(out, "plan.json")) as f:
+            plan = json.load(f)
+        decode = plan["time"]["steps"]["decode"]
+        assert decode["count"] == 2 and decode["per_token_seconds"][1] > 0, decode
+        again = os.path.join(folder, "again")
+        run([PYTHON, "-m", "torch_neuronx.simulate", "--quiet", "--recost", os.path.join(out, "plan.json"),
+             "--instance", "trn3-gen1", "--out", again])
+        with open(os.path.join(again, "plan.json")) as f:
+            assert json.load(f)["instance"] == "trn3-gen1"
+
+
 @check("TORCH_NEURONX_REPORT=1 prints the report at exit")
 def _report_env():
     r = run([], env={"TORCH_NEURONX_REPORT": "1"}, code="""
