@@ -20,6 +20,16 @@ CHOICES = [
 ]
 
 
+def _ranks_shown(text: str) -> str:
+    """A group's ranks for reading: an evenly strided list shortened ('0,32,64,...,992', 32 ranks)."""
+    parts = text.split(",")
+    if len(parts) > 4 and all(p.isdigit() for p in parts):
+        steps = {int(b) - int(a) for a, b in zip(parts, parts[1:])}
+        if len(steps) == 1:
+            return f"{','.join(parts[:3])},...,{parts[-1]} ({len(parts)} ranks)"
+    return text
+
+
 def _rate(row: dict) -> str:
     for unit in ("token", "sequence"):
         if f"per_{unit}_seconds" in row:
@@ -94,7 +104,7 @@ def text(plan: dict) -> str:
                    f"rank 0's relabelled (--all-ranks runs each)")
     elif sym.get("why_every_rank_ran"):
         out.append(f"ran every rank: {sym['why_every_rank_ran']}")
-    out.append("groups: " + "; ".join(f"{g['name']} = ranks {g['ranks']} over {g['link']}" for g in plan["groups"][:12])
+    out.append("groups: " + "; ".join(f"{g['name']} = ranks {_ranks_shown(g['ranks'])} over {g['link']}" for g in plan["groups"][:12])
                + (f"; ... {len(plan['groups']) - 12} more" if len(plan["groups"]) > 12 else ""))
     out.append("")
     out.append(f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
