@@ -278,8 +278,7 @@ def recost(old: dict, layout: Layout, capacity: int, source: str,
                                     over["site"])
         records.append(rec)
     result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
-                   divergence=old["divergence"] or {}, cal=cal)
-    result["divergence"] = old["divergence"]
+                   divergence=old["divergence"], cal=cal)
     result["simulation"] = {**old["simulation"], "recosted_from": os.path.abspath(source),
                             "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})"}
     return result

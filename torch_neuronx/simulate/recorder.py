@@ -223,13 +223,15 @@ class RankRecorder(TorchDispatchMode):
     def _compute(self, func, args, kwargs, out) -> None:
         if func.is_view or func.namespace == "prim" or func is torch.ops.aten._unsafe_view.default:
             return  # no data moves (the report skips them too)
-        inputs, results = _keyed_metas((args, kwargs)), _keyed_metas(out)
+        arguments = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if any(t.device.type != BACKEND_NAME for t in arguments):
+            return  # a host transfer (or the program's host-side work): the host link, not HBM, as in the report
+        inputs, results = time_model.keyed_metas(arguments), _keyed_metas(out)
         if not inputs and not results:
             return  # no neuron tensor: the program's host-side work
         op = _op_name(func)
-        if op == "aten::_local_scalar_dense" or any(
-                isinstance(t, torch.Tensor) and t.device.type != BACKEND_NAME for t in tree_flatten((args, kwargs))[0]):
-            return  # a host transfer: the host link, not HBM (the report leaves them out too)
+        if op == "aten::_local_scalar_dense":
+            return  # .item(): a host transfer
         if self._graph is not None:
             self._add_work(self._graph.account.op(op, inputs, results))
             return
