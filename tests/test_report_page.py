@@ -134,7 +134,7 @@ def test_json_schema(run):
                                     "steady_state_seconds", "text"}
     row = {"severity": str, "kind": str, "site": str, "file": (str, type(None)), "line": (int, type(None)),
            "code": str, "context": list, "ops": dict, "count": int, "details": list, "meaning": str, "fix": str,
-           "sources": list}
+           "sources": list, "path": (str, type(None)), "in_repository": bool, "fingerprint": str}
     for finding in data["findings"]:
         assert list(finding) == list(row) and all(isinstance(finding[k], t) for k, t in row.items()), finding
     for source in data["sources"]:

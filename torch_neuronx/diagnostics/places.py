@@ -7,7 +7,10 @@ and the sources behind the unsupported-op table become numbered footnotes.
 """
 from __future__ import annotations
 
+import hashlib
 import linecache
+import os
+import sys
 
 from torch_neuronx.python_ops import host_ops
 from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding, lowering_fix
@@ -29,6 +32,55 @@ def split_site(site: str) -> tuple[str | None, int | None, str]:
     if colon and line.isdigit() and filename:
         return filename, int(line), context
     return None, None, context
+
+
+def repository_root() -> str:
+    """Where paths in SARIF, annotations and baselines start: the GitHub Actions workspace, else the
+    git checkout around the working directory, else the working directory."""
+    workspace = os.environ.get("GITHUB_WORKSPACE")
+    if workspace and os.path.isdir(workspace):
+        return os.path.abspath(workspace)
+    here = os.getcwd()
+    folder = here
+    while True:
+        if os.path.exists(os.path.join(folder, ".git")):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return here
+        folder = parent
+
+
+def _library_roots() -> list[str]:
+    return sorted((p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")), key=len,
+                  reverse=True)
+
+
+def library_path(path: str) -> str | None:
+    """An installed library's file relative to its site-packages (diffusers/models/upsampling.py)."""
+    for library in _library_roots():
+        if path.startswith(library + os.sep):
+            return os.path.relpath(path, library)
+    return None
+
+
+def relative_path(path: str, root: str) -> str:
+    """A finding's file as another machine names it too: relative to site-packages for an installed
+    library's file, to ``root`` when inside it, else in full."""
+    library = library_path(path)
+    if library is not None:
+        return library
+    if os.path.isabs(path):
+        relative = os.path.relpath(path, root)
+        return path if relative.startswith("..") else relative
+    return path
+
+
+def fingerprint(kind: str, path: str | None, code: str, site: str) -> str:
+    """What identifies a finding from one run to the next, as baselines need: its kind, file and code
+    line (not the line number, which moves as code is added above it); the site when there is no file."""
+    what = f"{kind}\0{path}\0{code}" if path else f"{kind}\0{site}"
+    return hashlib.sha256(what.encode()).hexdigest()[:32]
 
 
 def source_line(filename: str | None, line: int | None) -> str:
@@ -94,9 +146,15 @@ def rows(found: list[Finding]) -> tuple[list[dict], list[dict]]:
         severity_order.index(r["severity"]), r["file"] is None, r["file"] or r["site"], r["line"] or 0,
         kind_order.index(r["kind"]) if r["kind"] in kind_order else len(kind_order)))
     footnotes: dict[str, int] = {}
+    root = repository_root()
     for row in ordered:
         row["fix"] = _fix(row["kind"], row["ops"], row["details"])
         row["sources"] = [footnotes.setdefault(key, len(footnotes) + 1) for key in _sources(row["kind"], row["ops"])]
+        row["path"] = relative_path(row["file"], root) if row["file"] else None
+        # Whether the file is the project's own (what code scanning can show in the repository).
+        row["in_repository"] = bool(row["path"]) and not os.path.isabs(row["path"]) \
+            and library_path(row["file"]) is None
+        row["fingerprint"] = fingerprint(row["kind"], row["path"], row["code"], row["site"])
     notes = [{"id": number, "name": host_ops.SOURCES[key].name, "url": host_ops.SOURCES[key].url}
              for key, number in footnotes.items()]
     return ordered, notes

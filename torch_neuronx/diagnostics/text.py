@@ -4,7 +4,6 @@ page keeps the same order)."""
 from __future__ import annotations
 
 import os
-import sys
 
 from torch_neuronx.diagnostics import findings, places
 from torch_neuronx.diagnostics.cost_model import NOT_ESTIMATED
@@ -26,22 +25,12 @@ def estimate(ms: float, estimated: bool = True) -> str:
     return format_seconds(ms / 1e3) if estimated else "-"
 
 
-def _library_roots() -> list[str]:
-    return sorted((p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")), key=len,
-                  reverse=True)
-
-
 def where(row: dict) -> str:
     """A finding's place, file:line: relative to the working directory when the file is inside it, to
     site-packages for an installed library's file (diffusers/models/upsampling.py), else in full."""
     if row["file"] is None:
         return row["site"]
-    path = row["file"]
-    for root in _library_roots():
-        if path.startswith(root + os.sep):
-            return f"{os.path.relpath(path, root)}:{row['line']}"
-    relative = os.path.relpath(path) if os.path.isabs(path) else path
-    return f"{path if relative.startswith('..') else relative}:{row['line']}"
+    return f"{places.relative_path(row['file'], os.getcwd())}:{row['line']}"
 
 
 def ops_seen(row: dict) -> str:
