@@ -279,12 +279,21 @@ class Detector:
             return "a copy into a CPU tensor"
         return None
 
-    def collected(self) -> list[Finding]:
-        """The findings worth reporting: a host sync only where it repeats (a loop), every other kind."""
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        """How often each finding was made so far: a mark to collect later findings since."""
+        with self.lock:
+            return {key: finding.count for key, finding in self.findings.items()}
+
+    def collected(self, since: dict[tuple[str, str, str], int] | None = None) -> list[Finding]:
+        """The findings worth reporting (made after the mark ``since``, when given): a host sync only
+        where it repeats (a loop), every other kind."""
         out = []
         with self.lock:
-            recorded = list(self.findings.values())
+            recorded = [Finding(f.kind, f.op, f.site, f.count - (since or {}).get(key, 0), f.detail)
+                        for key, f in self.findings.items()]
         for finding in recorded:
+            if finding.count <= 0:
+                continue
             if finding.kind == "host-sync":
                 if finding.count < SYNCS_IN_A_LOOP:
                     continue  # reading a result once per call of a program is what every program does

@@ -254,6 +254,34 @@ def build(profile: cost_model.TrainiumProfile | str | None = None) -> Report:
     return _with_findings(report, found)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A point of a collection: what was found before it (see :func:`findings_since`)."""
+
+    findings: dict
+    compilations: list
+
+
+def mark() -> Mark:
+    """The current point of the active collection (one test's start, say)."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    collector = observer.active()
+    if collector is None:
+        raise RuntimeError("not collecting: call torch_neuronx.diagnostics.start() first")
+    return Mark(collector.detector.counts(), collector.earlier_compilations + get_compilation_metrics())
+
+
+def findings_since(since: Mark) -> list[dict]:
+    """The report's findings rows of what was found after ``since`` (memory aside: a peak belongs to
+    the whole process)."""
+    collector = observer.active()
+    if collector is None:
+        raise RuntimeError("not collecting: call torch_neuronx.diagnostics.start() first")
+    found = collector.detector.collected(since.findings) + findings.compile_findings(since.compilations)
+    return places.rows(found)[0]
+
+
 def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
     """The parts of the report that need no observation: op counts, memory peaks, assumptions."""
     executed = op_tracking.get_op_counts()
