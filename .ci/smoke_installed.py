@@ -23,13 +23,14 @@ def check(name):
     return record
 
 
-def run(args, env=None, code=None):
+def run(args, env=None, code=None, status=0, cwd=None):
     env = {**os.environ, **(env or {})}
     if code is not None:
         args = [PYTHON, "-c", textwrap.dedent(code)] + list(args)
-    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
-    if r.returncode != 0:
-        raise AssertionError(f"{args[:3]} exited {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-3000:]}")
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900, cwd=cwd)
+    if r.returncode != status:
+        raise AssertionError(f"{args[:3]} exited {r.returncode}, not {status}\nstdout: {r.stdout[-2000:]}\n"
+                             f"stderr: {r.stderr[-3000:]}")
     return r
 
 
@@ -57,6 +58,8 @@ def _modules():
     expected = modules(os.path.join(CHECKOUT, "torch_neuronx"))
     missing = sorted(set(expected) - set(modules(installed)))
     assert not missing, f"not installed: {missing}"
+    plugin = run([], code="import torch_neuronx_pytest; print(torch_neuronx_pytest.__file__)").stdout.strip()
+    assert "site-packages" in plugin, plugin
 
 
 @check("the demo without its extra names what to install")
@@ -118,6 +121,22 @@ def _run_wrapper():
         with open(os.path.join(folder, "out", "report.json")) as f:
             report = json.load(f)
         assert any(f["kind"] == "float64" for f in report["findings"]), report["findings"]
+
+
+@check("the readiness gate exits 3 on a channels_last copy, and pytest --neuron-readiness fails that test")
+def _gate_and_plugin():
+    copy = "import torch\n\ndef test_copy():\n    torch.ones(1, 2, 3, 3, device='neuron').to(memory_format=torch.channels_last)\n"
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "test_copy.py"), "w") as f:
+            f.write(copy + "\n\ndef test_plain():\n    torch.ones(2, device='neuron')\n\ntest_copy()\n")
+        r = run([PYTHON, "-m", "torch_neuronx.run", "--fail-on", "would-fail", "--format", "sarif", "test_copy.py"],
+                status=3, cwd=folder)
+        assert "FAILED, exit status 3" in r.stderr and "test_copy.py:4" in r.stderr, r.stderr
+        with open(os.path.join(folder, "neuron_report", "report.sarif")) as f:
+            assert json.load(f)["runs"][0]["results"][0]["ruleId"] == "layout-change"
+        r = run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--neuron-readiness", "test_copy.py"],
+                status=1, cwd=folder)
+        assert "1 failed, 1 passed" in r.stdout and "FAILED test_copy.py::test_copy" in r.stdout, r.stdout
 
 
 @check("python -m torch_neuronx.simulate times marked steps, and --recost re-costs the plan")

@@ -13,17 +13,18 @@ import sys
 import warnings
 
 from torch_neuronx.diagnostics import report as _report
+from torch_neuronx.diagnostics.gate import FAIL_ON_ENV
 from torch_neuronx.diagnostics.observer import phase, start, stop
 from torch_neuronx.diagnostics.op_tracking import (clear_op_tracking, get_executed_ops, get_fallback_ops,
                                                  get_op_counts)
-from torch_neuronx.diagnostics.report import Report
+from torch_neuronx.diagnostics.report import Mark, Report, findings_since, mark
 from torch_neuronx.runtime import env_flag
 
 REPORT_ENV = "TORCH_NEURONX_REPORT"
 PROFILE_ENV = "TORCH_NEURONX_REPORT_PROFILE"
 
-__all__ = ["Report", "clear_op_tracking", "get_executed_ops", "get_fallback_ops", "get_op_counts", "get_op_signatures", "phase",
-           "report", "start", "stop", "write"]
+__all__ = ["Mark", "Report", "clear_op_tracking", "findings_since", "get_executed_ops", "get_fallback_ops",
+           "get_op_counts", "get_op_signatures", "mark", "phase", "report", "start", "stop", "write"]
 
 
 def report(profile=None) -> Report:
@@ -38,13 +39,24 @@ def get_op_signatures() -> dict[str, int]:
     return {f"{s.op}({', '.join(s.inputs)})": s.calls for s in report().signatures}
 
 
-def write(result: Report, directory: str) -> dict[str, str]:
-    """Write ``result`` as report.txt, report.json and report.html into ``directory``; returns the paths."""
-    from torch_neuronx.diagnostics import html
+FORMATS = ("txt", "json", "html", "sarif")
+DEFAULT_FORMATS = ("txt", "json", "html")
+
+
+def write(result: Report, directory: str, formats=DEFAULT_FORMATS, exit_status: int | None = None,
+          new_findings: list[dict] | None = None) -> dict[str, str]:
+    """Write ``result`` into ``directory`` as report.<format> for each of ``formats`` (txt, json, html,
+    sarif); returns the paths by format. The SARIF log records ``exit_status`` (the run's) and, given
+    ``new_findings`` (those a baseline does not hold), which findings are new."""
+    from torch_neuronx.diagnostics import html, places, sarif
     from torch_neuronx.runtime import outputs
 
-    written = outputs.write_files(directory, {f"report.{kind}": content + "\n" for kind, content in (
-        ("txt", str(result)), ("json", result.to_json()), ("html", html.render(result)))})
+    unknown = [kind for kind in formats if kind not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown report format {', '.join(unknown)}: use {', '.join(FORMATS)}")
+    render = {"txt": lambda: str(result), "json": result.to_json, "html": lambda: html.render(result),
+              "sarif": lambda: sarif.render(result.findings, places.repository_root(), exit_status, new_findings)}
+    written = outputs.write_files(directory, {f"report.{kind}": render[kind]() + "\n" for kind in formats})
     return {name.split(".")[1]: path for name, path in written.items()}
 
 
@@ -59,6 +71,9 @@ def _print_at_exit() -> None:
         result = report()
         sys.stdout.flush()  # the program's output first, then the report
         print(result, file=sys.stderr)
+        if os.environ.get(FAIL_ON_ENV):  # at exit the status is the program's: there is no gate here
+            print(f"torch_neuronx: {FAIL_ON_ENV} is read by python -m torch_neuronx.run and pytest "
+                  f"--neuron-readiness; {REPORT_ENV}=1 keeps the program's exit status", file=sys.stderr)
     except Exception as error:  # noqa: BLE001 - never turn a finished program into a failed one
         print(f"torch_neuronx: the report failed: {type(error).__name__}: {error}", file=sys.stderr)
 

@@ -1,0 +1,170 @@
+"""pytest --neuron-readiness[=SEVERITY]: each test observed for what would go wrong on Trainium.
+
+Registered by entry point (pytest11), so installing torch-neuronx-cpu is enough. Without the option
+the plugin only declares it: no import of torch, no hook around a test. With it, the readiness
+diagnostics (torch_neuronx.diagnostics) collect from the first test's setup on, and each test's
+setup, call and teardown get the findings made while they ran:
+
+- on the test's report: a "neuron readiness" section (shown with the test's output) and one
+  ``neuron_readiness`` user property per finding (JUnit XML writes them as <property>);
+- a phase that passed, with a finding of SEVERITY or worse, fails, with the finding as its failure;
+- a summary table at the end: each place found, its severity and kind, and the tests it was in.
+
+SEVERITY is would-fail (the default), computes-differently, runs-slowly, near-limit or none (observe,
+fail nothing); a bare --neuron-readiness takes TORCH_NEURONX_REPORT_FAIL_ON when set. Reports carry
+the findings as data, so the summary works under pytest-xdist too.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+OPTION = "--neuron-readiness"
+DEST = "neuron_readiness"
+# torch_neuronx.diagnostics.gate's names, repeated so that this module imports nothing heavy: a
+# test checks that they agree.
+FAIL_ON_ENV = "TORCH_NEURONX_REPORT_FAIL_ON"
+SEVERITIES = ("would-fail", "computes-differently", "runs-slowly", "near-limit")
+NEVER = "none"
+DEFAULT = "would-fail"
+PROPERTY = "neuron_readiness"  # the user property (and JUnit <property>) of each finding
+REPORT_ATTRIBUTE = "neuron_readiness"  # the findings on a TestReport, as data (xdist sends it on)
+SECTION = "neuron readiness"
+# The parts of a report row a test report carries (strings and numbers: xdist serialises them).
+ROW_KEYS = ("severity", "kind", "path", "line", "code", "site", "fingerprint", "meaning", "fix", "count")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("neuron-readiness", "Trainium readiness (torch-neuronx-cpu)")
+    group.addoption(OPTION, dest=DEST, nargs="?", const="", default=None, metavar="SEVERITY",
+                    help=f"observe each test on neuron and fail those with a finding of SEVERITY or worse: "
+                         f"{', '.join(SEVERITIES)} or {NEVER} (default: ${FAIL_ON_ENV}, else {DEFAULT})")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    """``pytest --neuron-readiness tests/``: the path is not the option's value. The arguments are
+    mended in place (pytest parses this same list next), and so is the early parse."""
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--":
+            break
+        following = args[i + 1]
+        if arg == OPTION and following.lower() not in (*SEVERITIES, NEVER) and not following.startswith("-"):
+            args[i] = OPTION + "="
+            known = early_config.known_args_namespace
+            if getattr(known, DEST, None) == following:
+                setattr(known, DEST, "")
+                known.file_or_dir = [following, *(known.file_or_dir or [])]
+
+
+def _severity(value: str) -> str | None:
+    """The severity to fail on (None: fail nothing), or a usage error naming the accepted ones."""
+    source = OPTION
+    if value == "":
+        value, source = os.environ.get(FAIL_ON_ENV, "") or DEFAULT, FAIL_ON_ENV
+    value = value.strip().lower()
+    if value == NEVER:
+        return None
+    if value not in SEVERITIES:
+        raise pytest.UsageError(f"{source}={value!r} is not a severity: use one of {', '.join(SEVERITIES)} "
+                                f"(each fails on that severity and worse ones), or {NEVER}")
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = config.getoption(DEST)
+    if value is None:
+        return
+    config.pluginmanager.register(ReadinessObserver(_severity(value)), "neuron-readiness-observer")
+
+
+def _place(row: dict) -> str:
+    return f"{row['path']}:{row['line']}" if row.get("path") else row["site"]
+
+
+def _finding_line(row: dict) -> str:
+    return f"{row['severity']} [{row['kind']}] {_place(row)}  {row.get('code') or ''}".rstrip()
+
+
+class ReadinessObserver:
+    """Marks where each test phase starts and hands the findings made since to the phase's report.
+    The collection starts at the first setup, in the process that runs tests (never in xdist's
+    controller, which runs none)."""
+
+    def __init__(self, severity: str | None) -> None:
+        self.severity = severity
+        self.worse_than = None if severity is None else SEVERITIES[:SEVERITIES.index(severity) + 1]
+        self.diagnostics = None  # torch_neuronx.diagnostics, imported when the first test starts
+        self.since = None  # the mark the running phase's findings are counted from
+        self.seen: dict[str, dict] = {}  # fingerprint -> the row and the tests it was found in
+        self.failed: list[str] = []  # node ids of the phases failed for their findings
+
+    def _mark(self) -> None:
+        if self.diagnostics is None:
+            from torch_neuronx import diagnostics
+
+            diagnostics.start()
+            self.diagnostics = diagnostics
+        self.since = self.diagnostics.mark()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self._mark()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        if self.since is None:
+            return
+        rows = [{key: row.get(key) for key in ROW_KEYS} for row in self.diagnostics.findings_since(self.since)]
+        self._mark()  # the next phase counts from here
+        if not rows:
+            return
+        setattr(report, REPORT_ATTRIBUTE, rows)
+        properties = [(PROPERTY, _finding_line(row)) for row in rows]
+        # On the item too, as record_property does: JUnit XML writes the properties of the last report.
+        item.user_properties.extend(properties)
+        report.user_properties.extend(properties)
+        report.sections.append((f"{SECTION} ({call.when})", "\n".join(
+            f"{_finding_line(row)}\n    {row['meaning']}\n    fix: {row['fix']}" for row in rows)))
+        failing = [row for row in rows if self.worse_than and row["severity"] in self.worse_than]
+        if failing and report.passed:
+            report.outcome = "failed"
+            report.longrepr = "\n".join(
+                [f"neuron readiness: {len(failing)} finding{'s' if len(failing) > 1 else ''} of "
+                 f"{self.severity} or worse in this test's {call.when} (pytest {OPTION}={self.severity}):"]
+                + [f"  {_finding_line(row)}\n    {row['meaning']}\n    fix: {row['fix']}" for row in failing])
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Gathered from every report (under xdist, from the workers'), for the summary."""
+        for row in getattr(report, REPORT_ATTRIBUTE, None) or ():
+            entry = self.seen.setdefault(row["fingerprint"], {"row": row, "tests": []})
+            if report.nodeid not in entry["tests"]:
+                entry["tests"].append(report.nodeid)
+        if report.failed and any(self.worse_than and row["severity"] in self.worse_than
+                                 for row in getattr(report, REPORT_ATTRIBUTE, None) or ()):
+            self.failed.append(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        write = terminalreporter.write_line
+        terminalreporter.write_sep("=", SECTION)
+        gate = f"fail on {self.severity}" if self.severity else "observe only"
+        if not self.seen:
+            write(f"No findings ({gate}): nothing in these tests would fail, compute differently or run "
+                  "slowly on Trainium.")
+            return
+        tests = {test for entry in self.seen.values() for test in entry["tests"]}
+        write(f"{len(self.seen)} place{'s' if len(self.seen) > 1 else ''} found in {len(tests)} "
+              f"test{'s' if len(tests) > 1 else ''} ({gate}; {len(set(self.failed))} failed for it):")
+        order = {severity: i for i, severity in enumerate(SEVERITIES)}
+        entries = sorted(self.seen.values(), key=lambda e: (order.get(e["row"]["severity"], 9), _place(e["row"])))
+        width = max(len(e["row"]["severity"]) for e in entries)
+        kind_width = max(len(e["row"]["kind"]) for e in entries)
+        for entry in entries:
+            row, names = entry["row"], entry["tests"]
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            write(f"  {row['severity']:<{width}}  {row['kind']:<{kind_width}}  {_place(row)}  "
+                  f"{row.get('code') or ''}".rstrip())
+            write(f"  {'':<{width}}  {'':<{kind_width}}  in {names[0]}{more}")
