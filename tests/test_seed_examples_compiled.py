@@ -2,12 +2,16 @@
 (torch_neuronx.demo) on the small Flux2-Klein pipeline built in code: compiled equals eager equals
 CPU, and the main job compiles only when shapes change."""
 import json
+import os
+import re
 
 import numpy as np
 import pytest
 
 from helpers import seed_examples
-from helpers.seed_examples import PIXEL_TOLERANCE, SIZE, example, program
+from helpers.seed_examples import PIXEL_TOLERANCE, ROOT, example, program
+
+README = os.path.join(ROOT, "README.md")
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +40,10 @@ def test_compiled_program_draws_what_eager_draws_as_torchneuron_lowers_it(tmp_pa
 
 @pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
 def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_path, neff_cache):
+    """`make demo` as it runs (512x512, 4 steps): its phases, its report, and the README's excerpt of it."""
     report = tmp_path / "phases.json"
-    r = program(["-m", "torch_neuronx.demo", *SIZE, "--steps", "2", "--output", str(tmp_path / "out.png"),
-                 "--json", str(report)], tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
+    r = program(["-m", "torch_neuronx.demo", "--output", str(tmp_path / "out.png"), "--json", str(report)],
+                tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
     phases = {p["name"]: p for p in json.loads(report.read_text())}
     graphs = {name: p["graphs"] for name, p in phases.items()}
     assert graphs == {
@@ -56,6 +61,32 @@ def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_pa
     readiness = json.loads((tmp_path / "neuron_report" / "report.json").read_text())
     by_phase = {p["name"]: p for p in readiness["phases"]}
     assert by_phase["eager generation"]["eager_calls"] > 100 and by_phase["eager generation"]["estimated_ms"] > 0
-    assert by_phase["compiled generation"]["compiled_graph_calls"] == 2  # one per denoising step
-    assert [g["calls"] for g in readiness["compiled_graphs"]] == [2] and not readiness["compiled_graphs"][0]["error"]
+    assert by_phase["compiled generation"]["compiled_graph_calls"] == 4  # one per denoising step
+    assert [g["calls"] for g in readiness["compiled_graphs"]] == [4] and not readiness["compiled_graphs"][0]["error"]
     assert (tmp_path / "neuron_report" / "report.html").stat().st_size > 0
+    head, rest = readme_demo_excerpt()
+    printed = r.stdout.splitlines()
+    start = printed.index(next(line for line in printed if line.startswith("Trainium readiness report")))
+    # The head line for line (the process id aside), then the lines after "..." in the order printed.
+    pid = re.compile(r"pid \d+")
+    assert [pid.sub("pid N", line) for line in printed[start:start + len(head)]] == [pid.sub("pid N", line)
+                                                                                     for line in head]
+    after = printed[start + len(head):]
+    assert all(line in after for line in rest) and [after.index(line) for line in rest] == \
+        sorted(after.index(line) for line in rest), rest
+
+
+def readme_demo_excerpt() -> tuple[list[str], list[str]]:
+    """The README's excerpt of the demo's report: (its lines up to "  ...", the lines after)."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    block = text[text.index("The demo's report (`make demo`"):].split("```\n")[1]
+    head, _, rest = block.partition("\n  ...\n")
+    return head.splitlines(), rest.splitlines()
+
+
+def test_the_readme_demo_excerpt_is_a_report_head():
+    """The excerpt starts as a report does and marks where it is cut (the demo's run checks its lines)."""
+    head, rest = readme_demo_excerpt()
+    assert head[0].startswith("Trainium readiness report") and head[1].startswith("Verdict (")
+    assert rest and rest[0].startswith("What ran on neuron")
