@@ -79,6 +79,7 @@ bench: setup
 	$(PY) benchmarks/bench_diagnostics.py --json $(BENCH_OUT)/diagnostics.json
 	$(PY) benchmarks/bench_xla.py --json $(BENCH_OUT)/xla.json
 	$(PY) benchmarks/bench_simulate.py --json $(BENCH_OUT)/simulate.json
+	$(PY) benchmarks/bench_pytest_plugin.py --json $(BENCH_OUT)/pytest_plugin.json
 	$(PY) benchmarks/targets.py $(BENCH_OUT)/*.json
 
 clean:
