@@ -6,6 +6,7 @@ import importlib
 import importlib.metadata
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -144,6 +145,39 @@ def test_the_compiler_does_not_import_the_diagnostics():
     compiler = [m for m in GRAPH if m.startswith("torch_neuronx.neuron_dynamo_backend")]
     assert compiler
     assert not {t for m in compiler for t in GRAPH[m] if t.startswith("torch_neuronx.diagnostics")}
+
+
+def _reachable(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for target in GRAPH.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+FAITHFUL = "torch_neuronx.neuron_dynamo_backend.faithful"
+
+
+def test_the_default_executor_does_not_depend_on_the_faithful_front_end():
+    executors = importlib.import_module("torch_neuronx.neuron_dynamo_backend.executors")
+    config = importlib.import_module("torch_neuronx.neuron_dynamo_backend.config")
+    assert config.EXECUTORS == tuple(executors.EXECUTORS) == ("inductor", "xla")
+    assert all(importlib.import_module(name).compile_graph for name in executors.EXECUTORS.values())
+    inductor = _reachable("torch_neuronx.neuron_dynamo_backend.executors.inductor")
+    assert inductor and not {m for m in inductor if m.startswith(FAITHFUL)}
+    assert any(m.startswith(FAITHFUL) for m in _reachable("torch_neuronx.neuron_dynamo_backend.executors.xla"))
+    # At run time: a default compile loads no part of it; one the readiness report observes lowers
+    # the graph, and so loads it.
+    code = (f"import sys, torch\nf = torch.compile(lambda x: x.sin() * 2, backend='neuron')\n"
+            f"f(torch.ones(3, device='neuron'))\nprint(any(m.startswith('{FAITHFUL}') for m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_NEURONX_COMPILE_EXECUTOR", "TORCH_NEURONX_REPORT",
+                                                            "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")}
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    observed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**env, "TORCH_NEURONX_REPORT": "1"})
+    assert (plain.stdout.strip(), observed.stdout.strip()) == ("False", "True"), plain.stderr + observed.stderr
 
 
 def test_public_names_of_the_compiler_still_import():

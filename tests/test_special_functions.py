@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_neuronx.neuron_dynamo_backend.faithful.special_functions import SPECIAL_FUNCTIONS
+from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import SPECIAL_FUNCTIONS
 
 aten = torch.ops.aten
 inf, nan = math.inf, math.nan

@@ -1,9 +1,10 @@
 """``torch.compile(backend="neuron")``: TorchNeuron's compiled mode, executed on the host.
 
 Dynamo hands over a graph of neuron tensors. :func:`neuron_backend` checks the arguments, makes it a
-CPU graph (:mod:`.host_graph`), compiles it with the chosen executor (``inductor``, the default:
-Inductor's CPU code, :mod:`.inductor_compile`; ``xla``: TorchNeuron's own front end and XLA:CPU,
-:mod:`.faithful`) and wraps the result so it runs on the neuron tensors' own bytes (:mod:`.bridge`).
+CPU graph (:mod:`.host_graph`), lowers it as TorchNeuron would when the readiness report or the
+artifacts want it (the inductor executor's readiness step), compiles it with the chosen executor
+(:mod:`.executors`: ``inductor``, the default, or ``xla``) and wraps the result so it runs on the
+neuron tensors' own bytes (:mod:`.bridge`).
 Compiled graphs are kept in the compile cache like TorchNeuron's NEFFs (:mod:`.caching`).
 
 TorchNeuron's contract, kept here: static shapes (``dynamic=True`` is an error; each new input
@@ -22,11 +23,11 @@ from typing import Any, Callable
 import torch
 import torch._dynamo
 
-from torch_neuronx.neuron_dynamo_backend import bridge, config, faithful, host_graph, inductor_compile
+from torch_neuronx.neuron_dynamo_backend import bridge, config, executors, host_graph
 from torch_neuronx.neuron_dynamo_backend import metrics as graph_metrics
 from torch_neuronx.neuron_dynamo_backend.caching import graph_cache, precompile
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
-from torch_neuronx.runtime import hooks
+from torch_neuronx.runtime import hooks, warn_once
 
 # Static shapes, as TorchNeuron: a new shape compiles a new graph instead of a dynamic one.
 torch._dynamo.config.automatic_dynamic_shapes = False
@@ -74,10 +75,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
             observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
         host = host_graph.for_host(gm, example_inputs)
         metrics.fx_passes_us = (time.perf_counter() - start) * 1e6
-        if config.executor(options) == "xla":
-            compiled, packaged = faithful.compile_for_xla(host, settings, metrics), False
-        else:
-            compiled, packaged = inductor_compile.compile_for_inductor(host, settings, metrics)
+        name = config.executor(options)
+        readiness_s = _lower_for_readiness(host, settings) if name == "inductor" else 0.0
+        compiled, packaged = executors.executor_module(name).compile_graph(host, settings, metrics)
+        metrics.lower_us += readiness_s * 1e6
     except Exception as error:
         return _fall_back(error, gm, metrics, config.fallback_allowed(options))
     call = bridge.apply_device_rules(bridge.run_graph_on_neuron(compiled, host.lifted), config.refuse_cpu_inputs(),
@@ -87,11 +88,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     return call if observer is None else observer.count_calls(metrics.graph_name, call)
 
 
-def _settings(gm: torch.fx.GraphModule, options: dict[str, Any]) -> tuple[faithful.CompileSettings,
+def _settings(gm: torch.fx.GraphModule, options: dict[str, Any]) -> tuple[config.CompileSettings,
                                                                           graph_metrics.GraphMetrics]:
     """How this graph compiles (model name, compiler arguments, the report's hook) and its metrics entry."""
     model_name = options.get("model_name", config.get_model_name())
-    settings = faithful.CompileSettings(model_name, config.compiler_args(options))
+    settings = config.CompileSettings(model_name, config.compiler_args(options))
     metrics = graph_metrics.new_graph(
         model_name=model_name, has_collectives=_has_collectives(gm),
         graph_node_count=sum(1 for n in gm.graph.nodes if n.op == "call_function"))
@@ -100,6 +101,26 @@ def _settings(gm: torch.fx.GraphModule, options: dict[str, Any]) -> tuple[faithf
         settings.on_lowered = functools.partial(observer.record_lowering, metrics.graph_name)
         settings.on_backward_graph = functools.partial(observer.record_backward_graph, metrics.graph_name)
     return settings, metrics
+
+
+def _lower_for_readiness(host: host_graph.HostGraph, settings: config.CompileSettings) -> float:
+    """The readiness step: while the report observes (``settings.on_lowered``) or artifacts are kept,
+    a graph Inductor runs is also lowered to StableHLO as TorchNeuron would (the xla executor lowers
+    it anyway). Whatever happens here, the graph still compiles and runs. Returns the seconds taken."""
+    if settings.on_lowered is None and not config.artifacts_preserved():
+        return 0.0
+    from torch_neuronx.neuron_dynamo_backend import faithful
+
+    start = time.perf_counter()
+    try:
+        faithful.lower_for_readiness(host_graph.copy_graph_module(host.gm), host.inputs, settings)
+    except Exception as error:  # noqa: BLE001 - a check, never a failure of the compile
+        if settings.on_lowered is not None:
+            settings.on_lowered(error, 0.0, "graph")
+        else:
+            warn_once(("lowering", type(error).__name__), f"torch_neuronx: {config.PRESERVE_ARTIFACTS_ENV} is "
+                      f"set, but the graph could not be lowered to StableHLO: {error}")
+    return time.perf_counter() - start
 
 
 def _fall_back(error: Exception, gm: torch.fx.GraphModule, metrics: graph_metrics.GraphMetrics,

@@ -1,11 +1,14 @@
-"""What the user chooses for compiled graphs: backend options, the model name, the executor, and
-whether a graph that fails to compile may run eagerly instead."""
+"""What the user chooses for compiled graphs: backend options, the model name, the executor,
+whether a graph that fails to compile may run eagerly instead, and whether its compilation
+artifacts are kept; and :class:`CompileSettings`, what every executor is handed for one graph."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-from typing import Any
+from typing import Any, Callable
 
+from torch_neuronx.neuron_dynamo_backend.executors import EXECUTORS as EXECUTOR_MODULES
 from torch_neuronx.runtime import env_flag
 
 KNOWN_OPTIONS = ("compiler_args", "executor", "fallback_execution", "model_name")
@@ -16,10 +19,23 @@ RETAIN_DEVICE_MODE_ENV = "TORCH_NEURONX_RETAIN_DEVICE_MODE"
 # inductor: Inductor's CPU code, bit-identical to CPU eager. xla: TorchNeuron's StableHLO program,
 # run by XLA:CPU, computing what Trainium would be given (float64 as float32, ...).
 EXECUTOR_ENV = "TORCH_NEURONX_COMPILE_EXECUTOR"
-EXECUTORS = ("inductor", "xla")
+EXECUTORS = tuple(EXECUTOR_MODULES)
 # TorchNeuron's variable. Set (the default): a compile failure raises NEFFCompilationError;
 # "0": it warns and the graph runs eagerly.
 FALLBACK_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+# TorchNeuron's: keep each graph's FX, torch-mlir and StableHLO files (faithful/artifacts.py writes them).
+PRESERVE_ARTIFACTS_ENV = "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"
+
+
+@dataclasses.dataclass
+class CompileSettings:
+    """What an executor is handed for one graph besides the graph: its names and the report's hooks."""
+    model_name: str | None
+    compiler_args: list[str]
+    # (LoweredGraph or the error, seconds, kind: forward, backward or inference): diagnostics
+    on_lowered: Callable[[Any, float, str], None] | None = None
+    # (the backward graph AOTAutograd made, its example inputs): diagnostics cost each backward call with it
+    on_backward_graph: Callable[[Any, Any], None] | None = None
 
 _model_name: str | None = None
 
@@ -70,3 +86,7 @@ def refuse_cpu_inputs() -> bool:
 
 def retain_device_mode() -> bool:
     return env_flag(RETAIN_DEVICE_MODE_ENV, default=False)
+
+
+def artifacts_preserved() -> bool:
+    return env_flag(PRESERVE_ARTIFACTS_ENV, default=False)

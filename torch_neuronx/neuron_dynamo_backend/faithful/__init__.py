@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
+from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifacts_preserved
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend.faithful import artifacts, lowering, lowering_worker, xla_program
 from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import (
@@ -31,16 +32,6 @@ from torch_neuronx.version import __version__
 
 EXECUTOR_FORMAT = "2"
 GRAPH_KINDS = ("forward", "backward", "inference")  # bump when what is cached for the xla executor changes
-
-
-@dataclasses.dataclass
-class CompileSettings:
-    model_name: str | None
-    compiler_args: list[str]
-    # (LoweredGraph or the error, seconds, kind: forward, backward or inference): diagnostics
-    on_lowered: Callable[[Any, float, str], None] | None = None
-    # (the backward graph AOTAutograd made, its example inputs): diagnostics cost each backward call with it
-    on_backward_graph: Callable[[torch.fx.GraphModule, Any], None] | None = None
 
 
 def _hand_over_backward(settings: CompileSettings, aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> None:
@@ -120,7 +111,7 @@ def _lower(shaped: _Shaped, settings: CompileSettings, kind: str) -> lowering.Lo
         raise
     if settings.on_lowered is not None:
         settings.on_lowered(lowered, lowered.seconds, kind)
-    if artifacts.preserved():
+    if artifacts_preserved():
         artifacts.write(settings.model_name, shaped.gm.print_readable(print_output=False), lowered.torch_mlir,
                         lowered.stablehlo, settings.compiler_args)
     return lowered
@@ -139,7 +130,7 @@ def _program(shaped: _Shaped, example_inputs, settings: CompileSettings, stats: 
                 program, stablehlo, op_counts = xla_program.deserialize(payload)
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
-                if artifacts.preserved():
+                if artifacts_preserved():
                     _lower(shaped, settings, kind)  # the artifacts want every stage of the lowering itself
                 elif settings.on_lowered is not None:  # the report wants what the entry recorded
                     settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,

@@ -23,16 +23,9 @@ import tempfile
 
 import torch
 
-from torch_neuronx.runtime import env_flag
-
 DEBUG_DIR_ENV = "TORCH_NEURONX_DEBUG_DIR"
-PRESERVE_ENV = "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"
 CC_FLAGS_ENV = "NEURON_CC_FLAGS"
 DEFAULT_MODEL_NAME = "model_default"
-
-
-def preserved() -> bool:
-    return env_flag(PRESERVE_ENV, default=False)
 
 
 @functools.cache

@@ -4,13 +4,18 @@ TorchNeuron's compile decomposition table (``get_compile_decomposition_table`` i
 
 - :data:`STOCK_DECOMPOSITIONS`: TorchNeuron's selection from torch's own decompositions, by name.
 - :data:`TORCHNEURON_DECOMPOSITIONS`: the entries TorchNeuron writes itself, each written here from
-  the operator's mathematics (:mod:`.own_decompositions`). Attention, which TorchNeuron may route to
+  the operator's mathematics, in this package's modules by subject (:mod:`.views`, :mod:`.sorting`,
+  :mod:`.arithmetic`, :mod:`.attention`, :mod:`.convolution`, :mod:`.reductions`,
+  :mod:`.elementwise`, :mod:`.sampling`). Attention, which TorchNeuron may route to
   NKI flash kernels on Trainium, takes its fallback: matmuls and a softmax.
 - :data:`PRIVATE_PIPELINE_STAND_INS` and :data:`PRIVATE_PIPELINE_OWN`: ops that TorchNeuron's private
   torch-mlir pipeline (``torch-raw-to-neuron-backend-pipeline``, not public) must legalize, since
   TorchNeuron trains the modules that use them and stock torch-mlir does not lower them (pooling and
   padding backwards, common losses and activations). torch's decomposition where it has one, ours
   from the mathematics where it has none. Which op is which is in docs/compiled-coverage.md.
+- :data:`SPECIAL_FUNCTIONS`: the special functions (gamma family, error functions, incomplete gamma,
+  Bessel functions, Chebyshev polynomials; :mod:`.special_gamma`, :mod:`.special_normal`,
+  :mod:`.special_bessel`), which torch-mlir lowers none of, as elementary ops.
 - foreach ops (``torch._foreach_add`` and the rest, which optimizers use) as one op per tensor, as
   TorchNeuron's own eager foreach kernels are written (``python_ops/torch_mlir/ops/foreach_ops.py``);
   stock torch-mlir legalizes none of them (:func:`foreach_as_loops`).
@@ -22,10 +27,58 @@ import functools
 
 import torch
 
-from torch_neuronx.neuron_dynamo_backend.faithful import own_decompositions as own
-from torch_neuronx.neuron_dynamo_backend.faithful.special_functions import SPECIAL_FUNCTIONS
+from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import (
+    arithmetic,
+    attention,
+    convolution,
+    elementwise,
+    reductions,
+    sampling,
+    sorting,
+    special_bessel,
+    special_gamma,
+    special_normal,
+    views,
+)
 
 aten = torch.ops.aten
+
+# The special functions, none of which torch-mlir lowers, each as elementary ops.
+SPECIAL_FUNCTIONS = {
+    aten.lgamma.default: special_gamma.lgamma,
+    aten.digamma.default: special_gamma.digamma,
+    aten.polygamma.default: special_gamma.polygamma,
+    aten.special_zeta.default: special_gamma.special_zeta,
+    aten.special_zeta.self_scalar: special_gamma.special_zeta,
+    aten.special_zeta.other_scalar: special_gamma.special_zeta,
+    aten.erfinv.default: special_normal.erfinv,
+    aten.erfc.default: special_normal.erfc,
+    aten.special_erfcx.default: special_normal.special_erfcx,
+    aten.special_ndtri.default: special_normal.special_ndtri,
+    aten.special_log_ndtr.default: special_normal.special_log_ndtr,
+    aten.nextafter.default: special_normal.nextafter,
+    aten.igamma.default: special_gamma.igamma,
+    aten.igammac.default: special_gamma.igammac,
+    aten.special_i0e.default: special_bessel.special_i0e,
+    aten.special_i1.default: special_bessel.special_i1,
+    aten.special_i1e.default: special_bessel.special_i1e,
+    aten.special_modified_bessel_i0.default: special_bessel.special_modified_bessel_i0,
+    aten.i0.default: special_bessel.special_modified_bessel_i0,
+    aten.special_modified_bessel_i1.default: special_bessel.special_i1,
+    aten.special_modified_bessel_k0.default: special_bessel.special_modified_bessel_k0,
+    aten.special_modified_bessel_k1.default: special_bessel.special_modified_bessel_k1,
+    aten.special_scaled_modified_bessel_k0.default: special_bessel.special_scaled_modified_bessel_k0,
+    aten.special_scaled_modified_bessel_k1.default: special_bessel.special_scaled_modified_bessel_k1,
+    aten.special_bessel_j0.default: special_bessel.special_bessel_j0,
+    aten.special_bessel_j1.default: special_bessel.special_bessel_j1,
+    aten.special_bessel_y0.default: special_bessel.special_bessel_y0,
+    aten.special_bessel_y1.default: special_bessel.special_bessel_y1,
+    aten.special_spherical_bessel_j0.default: special_bessel.special_spherical_bessel_j0,
+    aten.special_airy_ai.default: special_bessel.special_airy_ai,
+}
+for _name, _function in special_bessel.CHEBYSHEV.items():
+    for _overload in ("default", "x_scalar", "n_scalar"):
+        SPECIAL_FUNCTIONS[getattr(getattr(aten, "special_" + _name), _overload)] = _function
 
 # The commit of TorchNeuron's source these tables were read from.
 TORCHNEURON_COMMIT = "98154b867aa24562a3213e520d9ad7fd41032291"
@@ -44,28 +97,28 @@ STOCK_DECOMPOSITIONS = (
 
 # TorchNeuron's own entries (its register_decomposition calls, and index_put, compile only): ours.
 TORCHNEURON_DECOMPOSITIONS = {
-    aten.as_strided.default: own.as_strided,
-    aten.topk.default: own.topk,
-    aten._scaled_dot_product_fused_attention_overrideable.default: own.attention_forward,
-    aten._scaled_dot_product_fused_attention_overrideable_backward.default: own.attention_backward,
-    aten.scalar_tensor.default: own.scalar_tensor,
-    aten.index_copy.default: own.index_copy,
-    aten.nonzero_static.default: own.nonzero_static,
-    aten.linalg_vector_norm.default: own.linalg_vector_norm,
-    aten.index_put.default: own.index_put,
-    aten.sigmoid_backward.default: own.sigmoid_backward,
-    aten.silu_backward.default: own.silu_backward,
-    aten.embedding_dense_backward.default: own.embedding_dense_backward,
-    aten.linear_backward.default: own.linear_backward,
-    aten._foreach_pow.Scalar: own.foreach_pow_scalar,
-    aten.__rshift__.Scalar: own.rshift_scalar,
-    aten.as_strided_scatter.default: own.as_strided_scatter,
-    aten._grouped_mm.default: own.grouped_mm,
-    aten.convolution_backward.default: own.convolution_backward,
-    aten.value_selecting_reduction_backward.default: own.value_selecting_reduction_backward,
-    aten.histc.default: own.histc,
-    aten.argsort.default: own.argsort,
-    aten.argsort.stable: own.argsort,
+    aten.as_strided.default: views.as_strided,
+    aten.topk.default: sorting.topk,
+    aten._scaled_dot_product_fused_attention_overrideable.default: attention.attention_forward,
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default: attention.attention_backward,
+    aten.scalar_tensor.default: arithmetic.scalar_tensor,
+    aten.index_copy.default: views.index_copy,
+    aten.nonzero_static.default: views.nonzero_static,
+    aten.linalg_vector_norm.default: arithmetic.linalg_vector_norm,
+    aten.index_put.default: views.index_put,
+    aten.sigmoid_backward.default: arithmetic.sigmoid_backward,
+    aten.silu_backward.default: arithmetic.silu_backward,
+    aten.embedding_dense_backward.default: views.embedding_dense_backward,
+    aten.linear_backward.default: arithmetic.linear_backward,
+    aten._foreach_pow.Scalar: arithmetic.foreach_pow_scalar,
+    aten.__rshift__.Scalar: arithmetic.rshift_scalar,
+    aten.as_strided_scatter.default: views.as_strided_scatter,
+    aten._grouped_mm.default: arithmetic.grouped_mm,
+    aten.convolution_backward.default: convolution.convolution_backward,
+    aten.value_selecting_reduction_backward.default: views.value_selecting_reduction_backward,
+    aten.histc.default: sorting.histc,
+    aten.argsort.default: sorting.argsort,
+    aten.argsort.stable: sorting.argsort,
 }
 
 PRIVATE_PIPELINE_STAND_INS = (
@@ -90,77 +143,77 @@ PRIVATE_PIPELINE_STAND_INS = (
     "empty_like",
 )
 PRIVATE_PIPELINE_OWN = {
-    **{getattr(aten, f"avg_pool{n}d").default: functools.partial(own.avg_pool, spatial=n) for n in (2, 3)},
-    **{getattr(aten, f"avg_pool{n}d_backward").default: functools.partial(own.avg_pool_backward, spatial=n)
+    **{getattr(aten, f"avg_pool{n}d").default: functools.partial(convolution.avg_pool, spatial=n) for n in (2, 3)},
+    **{getattr(aten, f"avg_pool{n}d_backward").default: functools.partial(convolution.avg_pool_backward, spatial=n)
        for n in (2, 3)},
-    aten._adaptive_avg_pool2d.default: own.adaptive_avg_pool,
-    aten._adaptive_avg_pool3d.default: own.adaptive_avg_pool,
+    aten._adaptive_avg_pool2d.default: convolution.adaptive_avg_pool,
+    aten._adaptive_avg_pool3d.default: convolution.adaptive_avg_pool,
     **{getattr(aten, f"_adaptive_avg_pool{n}d_backward").default:
-       functools.partial(own.adaptive_avg_pool_backward, spatial=n) for n in (2, 3)},
-    aten.max_pool3d_with_indices_backward.default: functools.partial(own.max_pool_backward, spatial=3),
+       functools.partial(convolution.adaptive_avg_pool_backward, spatial=n) for n in (2, 3)},
+    aten.max_pool3d_with_indices_backward.default: functools.partial(convolution.max_pool_backward, spatial=3),
     **{getattr(aten, f"adaptive_max_pool{n}d_backward").default:
-       functools.partial(own.adaptive_max_pool_backward, spatial=n) for n in (2, 3)},
-    **{getattr(aten, f"replication_pad{n}d_backward").default: own.replication_pad_backward for n in (1, 2, 3)},
-    aten._pad_circular.default: own.pad_circular,
-    aten.adaptive_max_pool2d.default: own.adaptive_max_pool,
-    aten.adaptive_max_pool3d.default: own.adaptive_max_pool,
-    aten._unsafe_masked_index.default: own.unsafe_masked_index,
-    aten.empty.memory_format: own.empty_as_zeros,
-    aten.new_empty.default: own.new_empty_as_zeros,
-    aten.empty_strided.default: own.empty_strided_as_zeros,
-    aten.empty_permuted.default: own.empty_permuted_as_zeros,
-    aten.new_empty_strided.default: own.new_empty_strided_as_zeros,
-    aten._efficientzerotensor.default: own.zero_tensor,
-    aten.scatter_reduce.two: own.scatter_reduce,
-    aten.index_reduce.default: own.index_reduce,
-    aten.put.default: own.put,
-    aten.diagonal.default: own.diagonal,
-    aten.trace.default: own.trace,
-    torch.ops.prims.prod.default: own.prims_prod,
-    aten._pdist_backward.default: own.pdist_backward,
-    aten._cdist_backward.default: own.cdist_backward,
-    aten.cummax.default: own.cummax,
-    aten.cummin.default: own.cummin,
-    aten.frexp.Tensor: own.frexp,
-    aten._upsample_bilinear2d_aa.default: own.upsample_bilinear2d_aa,
-    aten._upsample_bilinear2d_aa_backward.default: own.upsample_bilinear2d_aa_backward,
-    aten.amax.default: own.reduction_of_a_scalar,
-    aten.amin.default: own.reduction_of_a_scalar,
-    aten.sum.dim_IntList: own.reduction_of_a_scalar,
-    aten.argmax.default: own.arg_of_a_scalar,
-    aten.argmin.default: own.arg_of_a_scalar,
-    aten.scatter.src: own.scatter_of_a_scalar,
-    aten.masked_scatter_backward.default: own.masked_scatter_backward,
-    aten.searchsorted.Tensor: own.searchsorted,
-    aten.searchsorted.Scalar: own.searchsorted,
-    aten.kthvalue.default: own.kthvalue,
-    aten.median.default: own.median,
-    aten.median.dim: own.median_dim,
-    aten.nanmedian.default: own.nanmedian,
-    aten.nanmedian.dim: own.nanmedian_dim,
-    aten._cdist_forward.default: own.cdist,
-    aten._pdist_forward.default: own.pdist,
-    aten.angle.default: own.angle,
-    aten.hypot.default: own.hypot,
-    aten.diagonal_scatter.default: own.diagonal_scatter,
-    aten.diagonal_backward.default: own.diagonal_backward,
-    aten.mode.default: own.mode,
-    aten.histogram.bin_ct: own.histogram,
-    aten.histogram.bins_tensor: own.histogram,
-    aten._histogramdd_bin_edges.default: own.histogramdd_bin_edges,
-    aten._histogramdd_from_bin_cts.default: own.histogramdd_from_bin_cts,
-    aten._histogramdd_from_bin_tensors.default: own.histogramdd_from_bin_tensors,
-    aten.segment_reduce.default: own.segment_reduce,
-    aten._segment_reduce_backward.default: own.segment_reduce_backward,
-    aten._embedding_bag.default: own.embedding_bag,
-    aten._embedding_bag_forward_only.default: own.embedding_bag,
-    aten._embedding_bag_backward.default: own.embedding_bag_backward,
-    aten._embedding_bag_per_sample_weights_backward.default: own.embedding_bag_per_sample_weights_backward,
-    aten.embedding_renorm.default: own.embedding_renorm,
-    aten.grid_sampler_2d.default: own.grid_sampler,
-    aten.grid_sampler_2d_backward.default: own.grid_sampler_backward,
-    aten.grid_sampler_3d.default: own.grid_sampler,
-    aten.grid_sampler_3d_backward.default: own.grid_sampler_backward,
+       functools.partial(convolution.adaptive_max_pool_backward, spatial=n) for n in (2, 3)},
+    **{getattr(aten, f"replication_pad{n}d_backward").default: convolution.replication_pad_backward for n in (1, 2, 3)},
+    aten._pad_circular.default: convolution.pad_circular,
+    aten.adaptive_max_pool2d.default: convolution.adaptive_max_pool,
+    aten.adaptive_max_pool3d.default: convolution.adaptive_max_pool,
+    aten._unsafe_masked_index.default: views.unsafe_masked_index,
+    aten.empty.memory_format: views.empty_as_zeros,
+    aten.new_empty.default: views.new_empty_as_zeros,
+    aten.empty_strided.default: views.empty_strided_as_zeros,
+    aten.empty_permuted.default: elementwise.empty_permuted_as_zeros,
+    aten.new_empty_strided.default: elementwise.new_empty_strided_as_zeros,
+    aten._efficientzerotensor.default: elementwise.zero_tensor,
+    aten.scatter_reduce.two: reductions.scatter_reduce,
+    aten.index_reduce.default: reductions.index_reduce,
+    aten.put.default: reductions.put,
+    aten.diagonal.default: elementwise.diagonal,
+    aten.trace.default: elementwise.trace,
+    torch.ops.prims.prod.default: reductions.prims_prod,
+    aten._pdist_backward.default: elementwise.pdist_backward,
+    aten._cdist_backward.default: elementwise.cdist_backward,
+    aten.cummax.default: elementwise.cummax,
+    aten.cummin.default: elementwise.cummin,
+    aten.frexp.Tensor: sampling.frexp,
+    aten._upsample_bilinear2d_aa.default: sampling.upsample_bilinear2d_aa,
+    aten._upsample_bilinear2d_aa_backward.default: sampling.upsample_bilinear2d_aa_backward,
+    aten.amax.default: reductions.reduction_of_a_scalar,
+    aten.amin.default: reductions.reduction_of_a_scalar,
+    aten.sum.dim_IntList: reductions.reduction_of_a_scalar,
+    aten.argmax.default: reductions.arg_of_a_scalar,
+    aten.argmin.default: reductions.arg_of_a_scalar,
+    aten.scatter.src: reductions.scatter_of_a_scalar,
+    aten.masked_scatter_backward.default: reductions.masked_scatter_backward,
+    aten.searchsorted.Tensor: reductions.searchsorted,
+    aten.searchsorted.Scalar: reductions.searchsorted,
+    aten.kthvalue.default: sorting.kthvalue,
+    aten.median.default: sorting.median,
+    aten.median.dim: sorting.median_dim,
+    aten.nanmedian.default: sorting.nanmedian,
+    aten.nanmedian.dim: sorting.nanmedian_dim,
+    aten._cdist_forward.default: elementwise.cdist,
+    aten._pdist_forward.default: elementwise.pdist,
+    aten.angle.default: elementwise.angle,
+    aten.hypot.default: elementwise.hypot,
+    aten.diagonal_scatter.default: elementwise.diagonal_scatter,
+    aten.diagonal_backward.default: elementwise.diagonal_backward,
+    aten.mode.default: sorting.mode,
+    aten.histogram.bin_ct: sorting.histogram,
+    aten.histogram.bins_tensor: sorting.histogram,
+    aten._histogramdd_bin_edges.default: sorting.histogramdd_bin_edges,
+    aten._histogramdd_from_bin_cts.default: sorting.histogramdd_from_bin_cts,
+    aten._histogramdd_from_bin_tensors.default: sorting.histogramdd_from_bin_tensors,
+    aten.segment_reduce.default: reductions.segment_reduce,
+    aten._segment_reduce_backward.default: reductions.segment_reduce_backward,
+    aten._embedding_bag.default: views.embedding_bag,
+    aten._embedding_bag_forward_only.default: views.embedding_bag,
+    aten._embedding_bag_backward.default: views.embedding_bag_backward,
+    aten._embedding_bag_per_sample_weights_backward.default: views.embedding_bag_per_sample_weights_backward,
+    aten.embedding_renorm.default: views.embedding_renorm,
+    aten.grid_sampler_2d.default: sampling.grid_sampler,
+    aten.grid_sampler_2d_backward.default: sampling.grid_sampler_backward,
+    aten.grid_sampler_3d.default: sampling.grid_sampler,
+    aten.grid_sampler_3d_backward.default: sampling.grid_sampler_backward,
 }
 
 
@@ -179,7 +232,7 @@ def _attention_on_neuron(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
                          enable_gqa=False):
     """SDPA as it dispatches on a NeuronCore: TorchNeuron's backend choice (its
     ``_fused_sdp_choice`` for PrivateUse1) takes the fused overrideable op for 4-D query, key and
-    value, which its decomposition (ours: :func:`.own_decompositions.attention_forward`, and the
+    value, which its decomposition (ours: :func:`.attention.attention_forward`, and the
     backward) turns into matmuls and a softmax by the log-sum-exp. With dropout, the math backend."""
     if query.dim() == key.dim() == value.dim() == 4 and dropout_p == 0.0:
         return aten._scaled_dot_product_fused_attention_overrideable(query, key, value, attn_mask, dropout_p,

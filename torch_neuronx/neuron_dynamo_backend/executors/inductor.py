@@ -1,0 +1,32 @@
+"""The ``inductor`` executor (the default): the host graph compiled by Inductor for CPU, as Inductor
+compiles any CPU graph, through the compile cache (:mod:`..caching.graph_cache`). Results equal
+``torch.compile(backend="inductor")`` on CPU bit for bit.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from torch_neuronx.neuron_dynamo_backend.caching import graph_cache, precompile
+from torch_neuronx.neuron_dynamo_backend.config import CompileSettings
+from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
+from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
+
+
+def compile_graph(host: HostGraph, settings: CompileSettings, metrics: GraphMetrics) -> tuple[Callable, bool]:
+    """(the compiled graph, whether Dynamo's package of the function now holds it)."""
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    start = time.perf_counter()
+    key = graph_cache.graph_key(host.gm, host.inputs, {"grad_enabled": torch.is_grad_enabled()})
+    with graph_cache.inductor_settings(graph_cache.inputs_share_storage(host.inputs)):
+        compiled, hit, compile_s = graph_cache.compile_with_cache(key, lambda: compile_fx(host.gm, host.inputs))
+    metrics.lower_us = (time.perf_counter() - start - compile_s) * 1e6
+    metrics.compile_us = compile_s * 1e6
+    metrics.cache = "hit" if hit else "miss"
+    # Dynamo is packaging this function (caching precompile): give it the graph, unless lifted
+    # tensors, which a new process would not have, are part of its call.
+    packaged = (precompile.active() and bool(host.backend_id) and not host.lifted
+                and precompile.record_graph(host.backend_id, compiled))
+    return compiled, packaged
