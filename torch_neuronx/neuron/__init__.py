@@ -65,6 +65,25 @@ from torch_neuronx.neuron.streams import (  # noqa: F401
     stream,
 )
 
+__all__ = [
+    # the device
+    "current_device", "device", "device_count", "device_of", "init", "is_available", "is_initialized",
+    "set_device", "synchronize",
+    # memory
+    "empty_cache", "get_per_process_memory_fraction", "max_memory_allocated", "max_memory_reserved",
+    "mem_get_info", "memory", "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_as_nested_dict",
+    "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
+    # properties and autocast
+    "get_amp_supported_dtype", "get_device_capability", "get_device_name", "get_device_properties",
+    "is_bf16_supported",
+    # random numbers
+    "get_rng_state", "get_rng_state_all", "initial_seed", "manual_seed", "manual_seed_all", "seed", "seed_all",
+    "set_rng_state", "set_rng_state_all",
+    # streams and events
+    "Event", "Stream", "StreamContext", "current_stream", "default_stream", "set_stream", "stream",
+]
+
 _in_bad_fork = False
 # Names torch.neuron answers on behalf of higher layers (TorchNeuron's aliases), as
 # name -> (module, attribute), imported on first use. Given by install(), so that this

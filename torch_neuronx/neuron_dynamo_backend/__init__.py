@@ -5,10 +5,12 @@
     torch_neuronx.neuron_dynamo_backend.get_dynamo_metrics()
 
 The package, as TorchNeuron's: :mod:`.backend` (the Dynamo backend), :mod:`.config` (options,
-model name, fallback execution), :mod:`.exceptions`, :mod:`.metrics`, :mod:`.host_graph` (the
-graph made CPU code), :mod:`.graph_cache` and :mod:`.cache` (the NEFF-style compile cache) and
-:mod:`.executor` (compiled graphs run on neuron bytes). The backend itself loads torch._dynamo,
-so it is imported when first asked for; the rest imports nothing heavy.
+model name, fallback execution, the settings an executor gets), :mod:`.exceptions`, :mod:`.metrics`,
+:mod:`.host_graph` (the graph made CPU code), :mod:`.executors` (inductor, the default; xla),
+:mod:`.faithful` (TorchNeuron's front end: decompositions, lowering to StableHLO, artifacts),
+:mod:`.bridge` (compiled graphs run on neuron bytes) and :mod:`.caching` (the NEFF-style compile
+cache). The backend itself loads torch._dynamo, so it is imported when first asked for; the rest
+imports nothing heavy.
 """
 import importlib
 

@@ -2,8 +2,7 @@
 
 An entry holds Inductor's own cache artifacts for one forward/backward graph
 (``torch.compiler.save_cache_artifacts``, TorchNeuron's "MegaCache"), checksummed by
-:mod:`.cache`. Loading one hot-loads those artifacts, so Inductor
-finds the graph in its cache and generates and compiles nothing. Inductor's working cache
+:mod:`.neff_cache`. Loading one hot-loads those artifacts, so Inductor finds the graph in its cache and generates and compiles nothing. Inductor's working cache
 (generated code, built host libraries) lives under the NEFF cache directory too, unless
 the user chose another with ``TORCHINDUCTOR_CACHE_DIR``, so one directory holds everything a
 warm start needs.
