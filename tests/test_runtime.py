@@ -59,3 +59,21 @@ def test_warn_once_warns_once_per_key():
         assert not warn_once(("test_runtime", 1), "again")
         assert warn_once(("test_runtime", 2), "other", UserWarning)
     assert [(w.category, str(w.message)) for w in caught] == [(RuntimeWarning, "first"), (UserWarning, "other")]
+
+
+def test_one_frame_walker_tells_the_users_frames_from_librarys():
+    import json as stdlib_module
+
+    import torch
+
+    from torch_neuronx.runtime import frames
+
+    assert frames.is_library(torch.__file__) and frames.is_library(frames.__file__)
+    assert frames.is_library("<frozen importlib._bootstrap>") and not frames.is_library(__file__)
+    assert not frames.is_library(stdlib_module.__file__) and frames.is_library(stdlib_module.__file__, stdlib=True)
+    assert not frames.is_library("<string>") and frames.is_library("<string>", pseudo=True)
+
+    def called_by_this_test():
+        return next(frames.outward())  # the caller's caller: this test
+
+    assert called_by_this_test().f_code is test_one_frame_walker_tells_the_users_frames_from_librarys.__code__

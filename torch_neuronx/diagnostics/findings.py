@@ -6,8 +6,6 @@ made it.
 """
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from dataclasses import dataclass
 
@@ -15,7 +13,7 @@ import torch
 
 from torch_neuronx.diagnostics import cost_model
 from torch_neuronx.python_ops import host_ops, trainium_semantics
-from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import BACKEND_NAME, frames
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
@@ -111,27 +109,17 @@ class Finding:
     detail: str = ""
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def is_internal(filename: str) -> bool:
-    return filename.startswith((_TORCH_DIR, _PACKAGE_DIR, "<frozen")) or filename == __file__
-
-
 def user_site() -> tuple[str, bool]:
     """(the user's file:line, whether the call came from printing a tensor)."""
-    frame = sys._getframe(1)
     printing = False
     site = "<unknown>"
-    while frame is not None:
+    for frame in frames.outward():
         filename = frame.f_code.co_filename
         if filename.endswith("_tensor_str.py") or frame.f_code.co_name in ("__repr__", "__format__"):
-            printing = printing or filename.startswith(_TORCH_DIR)
-        if not is_internal(filename):
+            printing = printing or filename.startswith(frames.TORCH_DIR)
+        if not frames.is_library(filename):
             site = f"{filename}:{frame.f_lineno}"
             break
-        frame = frame.f_back
     # Inside backward the user's frame is the .backward() call: name the node that ran the op too.
     node = torch._C._current_autograd_node()
     if node is not None:

@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves
 from torch_neuronx.interop import ecosystem_errors
 from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch, time_model, trainium_attention
 from torch_neuronx.diagnostics.cost_model import TensorMeta
-from torch_neuronx.runtime import BACKEND_NAME, hooks, ops
+from torch_neuronx.runtime import BACKEND_NAME, frames, hooks, ops
 
 DEFAULT_PHASE = "run"
 
@@ -311,14 +311,14 @@ class _GraphOpRecorder(TorchDispatchMode):
 
 def _node_site(node: torch.fx.Node) -> str:
     """The innermost frame of a Dynamo node's stack trace outside torch and torch_neuronx: the user's line."""
-    frames = []
+    trace = []
     for line in (node.meta.get("stack_trace") or "").splitlines():
         line = line.strip()
         if line.startswith('File "') and ", line " in line:
             filename, _, rest = line[len('File "'):].partition('", line ')
-            frames.append((filename, rest.split(",", 1)[0]))
-    for filename, lineno in reversed(frames):
-        if not findings.is_internal(filename):
+            trace.append((filename, rest.split(",", 1)[0]))
+    for filename, lineno in reversed(trace):
+        if not frames.is_library(filename):
             return f"{filename}:{lineno}"
     return ""  # Dynamo keeps no trace for code inside torch (nn modules): the caller names the call
 

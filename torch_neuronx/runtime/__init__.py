@@ -3,7 +3,7 @@
 It holds what every other part needs and may import: the backend's name and the core's ops
 (:mod:`.core`), the emulated topology applied to the core (:mod:`.core`), the one parser of
 boolean environment variables (:mod:`.env`), the one byte formatter (:mod:`.units`), warnings
-given once per process (:mod:`.warn`) and the slot through which diagnostics observe the
+given once per process (:mod:`.warn`), the one walker to the user's frame (:mod:`.frames`) and the slot through which diagnostics observe the
 compiler (:mod:`.hooks`). It imports only torch, the standard library and
 :mod:`torch_neuronx.runtime.topology`; nothing here imports a higher layer.
 """

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -23,12 +22,9 @@ from torch.utils._pytree import tree_flatten
 
 from torch_neuronx.diagnostics import time_model
 from torch_neuronx.diagnostics.cost_model import TensorMeta
-from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import BACKEND_NAME, frames
 from torch_neuronx.simulate import compiled, steps
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 
 # c10d ops (dist.* calls) and functional collectives (DTensor, FSDP2's reduce-scatter, compiled
 # graphs), by the name the plan gives them. The first tensor argument is the one that travels.
@@ -54,15 +50,14 @@ def user_frames(script: str, limit: int = 0):
     """(innermost line of the user's script, innermost line outside torch, torch_neuronx and the
     standard library), each 'file:line' or None. Frame walking, not traceback: it is called on
     every collective."""
-    frame = sys._getframe(1)
     in_script = outside = None
-    while frame is not None and in_script is None:
+    for frame in frames.outward():
         name = frame.f_code.co_filename
         if name == script:
             in_script = f"{os.path.basename(name)}:{frame.f_lineno}"
-        elif outside is None and not name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<")):
+            break
+        if outside is None and not frames.is_library(name, stdlib=True, pseudo=True):
             outside = f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
     return in_script, outside
 
 

@@ -37,14 +37,11 @@ import contextlib
 import copy
 import functools
 import os
-import sys
 
-import torch
 import torch.distributed as dist
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+from torch_neuronx.runtime import frames
+
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 MAX_NOTES = 20
 
@@ -58,13 +55,13 @@ class Audit:
 
     def note(self, what, depth: int = 2) -> None:
         """``what()`` describes the use; called only for the program's own frames."""
-        frame = sys._getframe(depth)
-        while frame is not None and frame.f_code.co_filename == __file__:
-            frame = frame.f_back
-        if frame is None:
+        for frame in frames.outward(depth):  # the first frame outside this file
+            if frame.f_code.co_filename != __file__:
+                break
+        else:
             return
         name = frame.f_code.co_filename
-        if name.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB_DIR, "<frozen")):
+        if frames.is_library(name, stdlib=True):
             return  # torch's own SPMD code, or printing/logging
         self.count += 1
         if len(self.notes) < MAX_NOTES:
