@@ -9,14 +9,13 @@ every tensor argument read plus every result written, each once.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.utils.flop_counter as flop_counter
 
-from torch_neuronx.python_ops.host_ops import base_name
+from torch_neuronx.python_ops.op_classes import base_name
 from torch_neuronx.runtime import BACKEND_NAME, hardware
 
 TERA = 1e12
@@ -80,84 +79,7 @@ def current_profile() -> TrainiumProfile:
     return profile_for(current.instance.chip.name, current.lnc)
 
 
-# ---- op families -------------------------------------------------------------------------------
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "matmul", "linear", "addmv", "mv",
-              "dot", "vdot", "_int_mm", "addr", "outer"}
-REDUCTION_OPS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "std_mean",
-                 "argmax", "argmin", "cumsum", "cumprod", "logsumexp", "any", "all", "linalg_vector_norm",
-                 "norm", "aminmax", "count_nonzero", "median", "nansum"}
-DATA_MOVEMENT_OPS = {"cat", "stack", "gather", "scatter", "scatter_add", "scatter_reduce", "index", "index_put",
-                     "_index_put_impl", "index_select", "index_add", "index_copy", "embedding",
-                     "embedding_dense_backward", "_unsafe_index", "repeat", "clone", "constant_pad_nd", "flip",
-                     "roll", "sort", "topk", "masked_fill", "masked_scatter", "masked_select", "nonzero",
-                     "_unsafe_view", "tril", "triu", "fill", "zero", "arange", "full", "ones", "zeros",
-                     "repeat_interleave", "copy", "_to_copy", "upsample_nearest2d", "upsample_bilinear2d",
-                     "_upsample_nearest_exact2d", "reflection_pad2d", "replication_pad2d", "unfold", "im2col",
-                     "col2im", "slice_scatter", "select_scatter", "diagonal_scatter", "where"}
-HOST_TRANSFER = "host transfer"
-COLLECTIVE = "collective"
-NOT_ESTIMATED = (HOST_TRANSFER, COLLECTIVE)  # not HBM-bound work: counted, never costed
-
-
-@functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
-def op_overload(op: str):
-    """The OpOverload of 'ns::name.overload' (or 'ns::name'), or None."""
-    namespace, _, rest = op.partition("::")
-    name, _, overload = rest.partition(".")
-    try:
-        return getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
-
-
-RANDOM_OPS = {"native_dropout", "_fused_dropout", "rand", "randn", "randint", "rand_like", "randn_like",
-              "randint_like"}  # random without a Generator argument in their schema
-
-
-@functools.lru_cache(maxsize=None)
-def uses_generator(op: str) -> bool:
-    """Whether the op draws random numbers (its schema takes a Generator, or it is dropout)."""
-    if base_name(op) in RANDOM_OPS:
-        return True
-    overload = op_overload(op)
-    if overload is None:
-        return False
-    return any("Generator" in str(arg.type) for arg in overload._schema.arguments)
-
-
-@functools.lru_cache(maxsize=None)
-def family(op: str) -> str:
-    """The op family a call is reported under."""
-    if op.startswith("c10d::"):
-        return COLLECTIVE
-    base = base_name(op)
-    if base in MATMUL_OPS:
-        return "matmul"
-    if "convolution" in base or base.startswith("conv"):
-        return "convolution"
-    if "scaled_dot_product" in base or "flash_attention" in base or "efficient_attention" in base:
-        return "attention"
-    if uses_generator(op):
-        return "random"
-    if "softmax" in base:
-        return "softmax"
-    if "norm" in base and base not in REDUCTION_OPS:
-        return "normalization"
-    if base == "_local_scalar_dense":
-        return HOST_TRANSFER
-    if base in REDUCTION_OPS:
-        return "reduction"
-    if base in DATA_MOVEMENT_OPS:
-        return "data movement"
-    overload = op_overload(op)
-    if overload is not None and torch.Tag.pointwise in overload.tags:
-        return "elementwise"
-    if base.endswith("_backward") or base.endswith("_backward_data"):
-        return "elementwise"  # the pointwise backwards (gelu, silu, threshold, ...)
-    return "other"
-
-
+# ---- op families: python_ops/op_classes.py -----------------------------------------------------
 # ---- FLOPs and bytes ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TensorMeta:

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model
-from torch_neuronx.python_ops import host_ops, trainium_semantics
+from torch_neuronx.python_ops import op_classes, trainium_semantics
 from torch_neuronx.runtime import BACKEND_NAME, frames
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -139,13 +138,13 @@ def _layout(t: torch.Tensor) -> str:
 def _computes(op: str) -> bool:
     """Whether TorchNeuron computes this op on a NeuronCore (in 32 bits): copies move int64 values as
     they are, and ops it runs on the CPU compute them in 64 bits."""
-    return trainium_semantics.op_kind(op) in ("device", "collective", "dropout")
+    return op_classes.op_kind(op) in ("device", "collective", "dropout")
 
 
 def _may_change_layout(op: str, inputs) -> bool:
     """A copy of a 4-D or 5-D tensor: whether it changes the memory format shows in each call's strides,
     which the signature leaves out, so every such call is looked at."""
-    return cost_model.base_name(op) == "_to_copy" and any(t.dim() in (4, 5) for t in inputs)
+    return op_classes.base_name(op) == "_to_copy" and any(t.dim() in (4, 5) for t in inputs)
 
 
 def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
@@ -155,8 +154,8 @@ def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
     neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
     if not neuron:
         return []
-    kind = trainium_semantics.op_kind(op)
-    base = cost_model.base_name(op)
+    kind = op_classes.op_kind(op)
+    base = op_classes.base_name(op)
     hits = []
     if base == "_to_copy" and inputs and results:
         before, after = _layout(inputs[0]), _layout(results[0])
@@ -191,8 +190,8 @@ class Detector:
     def _op_hits(op: str, wide: set[str]) -> list[tuple[str, str]]:
         """What the op itself, and the float64/complex128 dtypes it saw on neuron, would do on Trainium."""
         hits = []
-        entry = host_ops.lookup(op)
-        if cost_model.uses_generator(op):  # most are in the table too: one finding says it
+        entry = op_classes.lookup(op)
+        if op_classes.uses_generator(op):  # most are in the table too: one finding says it
             hits.append(("device-rng", "draws random numbers on neuron"))
         elif entry is not None:
             hits.append(("cpu-fallback", entry.reason))
@@ -218,7 +217,7 @@ class Detector:
         if out_of_range is not None:
             hits.append(("int64-range", out_of_range if not op.startswith("c10d::") else
                          f"{out_of_range}: TorchNeuron's process group sends int64 as int32"))
-        sync = self._sync(cost_model.base_name(op), inputs, results)
+        sync = self._sync(op_classes.base_name(op), inputs, results)
         if not hits and sync is None:
             return
         site, printing = user_site()
@@ -234,7 +233,7 @@ class Detector:
         neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
         wide = {str(t.dtype).replace("torch.", "") for t in neuron if t.dtype in (torch.float64, torch.complex128)}
         flags = 0
-        if self._op_hits(op, wide) or self._sync(cost_model.base_name(op), inputs, results) is not None \
+        if self._op_hits(op, wide) or self._sync(op_classes.base_name(op), inputs, results) is not None \
                 or trainium_hits(op, inputs, results) or _may_change_layout(op, inputs):
             flags |= CHECK_EVERY_CALL
         if any(t.dtype is torch.int64 for t in neuron) and _computes(op):
@@ -248,9 +247,9 @@ class Detector:
         random ops draw from the device, not from CPU's generator."""
         wide = {str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
                 if m.device == BACKEND_NAME and m.dtype in (torch.float64, torch.complex128)}
-        if cost_model.uses_generator(op):
+        if op_classes.uses_generator(op):
             how = ("its mask is drawn outside the NEFF for each call (random_op_legalization)"
-                   if cost_model.base_name(op) == "native_dropout" else "drawn by the compiled program")
+                   if op_classes.base_name(op) == "native_dropout" else "drawn by the compiled program")
             self.add("compiled-rng", op, site, f"in a compiled graph: {how}")
         if wide:
             self.add("float64", op, site, f"in a compiled graph: {', '.join(sorted(wide))} tensors, narrowed to "

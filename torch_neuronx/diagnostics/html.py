@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from torch_neuronx.diagnostics import text
-from torch_neuronx.diagnostics.cost_model import NOT_ESTIMATED
+from torch_neuronx.python_ops.op_classes import NOT_ESTIMATED
 from torch_neuronx.diagnostics.text import count, estimate
 from torch_neuronx.runtime import format_bytes
 from torch_neuronx.runtime.units import format_seconds, seconds_range

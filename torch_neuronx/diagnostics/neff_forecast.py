@@ -18,7 +18,7 @@ import dataclasses
 from collections import Counter
 
 from torch_neuronx.diagnostics.cost_model import TensorMeta
-from torch_neuronx.python_ops import trainium_semantics
+from torch_neuronx.python_ops import op_classes
 
 MM_TILE_ROWS = (8192, 4096, 2048, 1024, 512, 256, 128)
 # A third-party measurement: 1.4-5.1 s per compiled graph of 8-323 nodes (neuronx-cc). TorchNeuron's
@@ -54,7 +54,7 @@ def mm_tiles(rows: int) -> list[int]:
 
 def compiles(op: str, inputs: tuple[TensorMeta, ...]) -> bool:
     """Whether TorchNeuron compiles a NEFF for this eager call."""
-    if trainium_semantics.op_kind(op) not in COMPILING_KINDS:
+    if op_classes.op_kind(op) not in COMPILING_KINDS:
         return False
     return not any(m.shape and 0 in m.shape for m in inputs)
 

@@ -25,8 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from torch_neuronx.interop import ecosystem_errors
-from torch_neuronx.diagnostics import cost_model, findings, safetensors_watch, time_model, trainium_attention
+from torch_neuronx.diagnostics import findings, safetensors_watch, time_model, trainium_attention
 from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.python_ops import op_classes
 from torch_neuronx.runtime import BACKEND_NAME, frames, hooks, ops
 
 DEFAULT_PHASE = "run"
@@ -41,7 +42,7 @@ class Signature:
 
     @property
     def family(self) -> str:
-        return cost_model.family(self.op)
+        return op_classes.family(self.op)
 
     @staticmethod
     def of_key(key: tuple) -> Signature:

@@ -10,7 +10,7 @@ from collections import Counter
 
 
 from torch_neuronx.diagnostics import observer
-from torch_neuronx.python_ops import host_ops
+from torch_neuronx.python_ops import op_classes
 from torch_neuronx.runtime import ops
 
 
@@ -32,7 +32,7 @@ def get_fallback_ops() -> list[str]:
     """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore (each one's source
     is in ``torch_neuronx.python_ops.host_ops.TABLE``). Every op runs on the host here; these
     are the ones that would cost a host round trip on Trainium."""
-    return [name for name in get_op_counts() if host_ops.lookup(name) is not None]
+    return [name for name in get_op_counts() if op_classes.lookup(name) is not None]
 
 
 def clear_op_tracking() -> None:

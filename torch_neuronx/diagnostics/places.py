@@ -12,8 +12,8 @@ import linecache
 import os
 import sys
 
-from torch_neuronx.python_ops import host_ops
 from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding, lowering_fix
+from torch_neuronx.python_ops import host_ops, op_classes
 
 CODE_LIMIT = 160  # characters of a source line shown
 COMPILED_SUFFIX = " (compiled)"
@@ -98,7 +98,7 @@ def short_op(op: str) -> str:
 
 def _fix(kind: str, ops: dict[str, int], details: list[str]) -> str:
     if kind in ("cpu-fallback", "device-rng"):  # the table's fix for the op, when it has one
-        fixes = [entry.fix for entry in map(host_ops.lookup, ops) if entry is not None]
+        fixes = [entry.fix for entry in map(op_classes.lookup, ops) if entry is not None]
         if fixes:
             return "; ".join(dict.fromkeys(fixes))
     if kind == "stablehlo-lowering":  # an op with a known way out
@@ -117,7 +117,7 @@ def _fix(kind: str, ops: dict[str, int], details: list[str]) -> str:
 def _sources(kind: str, ops: dict[str, int]) -> list[str]:
     if kind not in ("cpu-fallback", "device-rng"):
         return []
-    keys = [key for entry in map(host_ops.lookup, ops) if entry is not None for key in entry.sources]
+    keys = [key for entry in map(op_classes.lookup, ops) if entry is not None for key in entry.sources]
     return list(dict.fromkeys(keys))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from torch_neuronx.diagnostics import findings, places
-from torch_neuronx.diagnostics.cost_model import NOT_ESTIMATED
+from torch_neuronx.python_ops.op_classes import NOT_ESTIMATED
 from torch_neuronx.runtime import format_bytes
 from torch_neuronx.runtime.units import format_seconds, seconds_range
 

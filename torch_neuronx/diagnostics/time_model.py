@@ -24,6 +24,7 @@ import torch
 
 from torch_neuronx.diagnostics import cost_model, neff_forecast
 from torch_neuronx.diagnostics.cost_model import TensorMeta, TrainiumProfile
+from torch_neuronx.python_ops import op_classes
 
 NEURONLINK, EFA = "NeuronLink", "EFA"
 
@@ -101,7 +102,7 @@ SCATTERS = {"index_copy", "index_copy_", "index_put", "index_put_", "_index_put_
 
 
 def _hbm_bytes(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ...]) -> int:
-    base = cost_model.base_name(op)
+    base = op_classes.base_name(op)
     if base in GATHERS and inputs and results:
         return sum(m.nbytes for m in inputs[1:]) + 2 * sum(m.nbytes for m in results)
     if base in SCATTERS and len(inputs) > 1:
@@ -163,7 +164,7 @@ class FusedAccount:
         """(precision, FLOPs, HBM bytes) of one op inside the graph."""
         metas_in = tuple(m for _, m in inputs)
         metas_out = tuple(m for _, m in results)
-        base = cost_model.base_name(op)
+        base = op_classes.base_name(op)
         work = (precision(cost_model.compute_dtype(metas_in)), cost_model.flops(op, metas_in, metas_out))
         if base in SCATTERS and inputs and inputs[0][0] in self.in_hbm:
             nbytes = 2 * sum(m.nbytes for _, m in inputs[1:])

@@ -6,11 +6,10 @@ The readiness report's cpu-fallback findings and Trainium's eager semantics
 Every entry names its sources (``SOURCES``: what each is and where to read it; the report lists
 them as footnotes). Keep it small and honest: an op goes in only with evidence, and leaves when
 TorchNeuron supports it. Names are ``aten::op`` without overload or in-place underscore
-(``aten::normal`` covers ``normal_``).
+(``aten::normal`` covers ``normal_``). :func:`.op_classes.lookup` finds an op's entry.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 
@@ -91,15 +90,3 @@ TABLE: dict[str, UnsupportedOp] = {e.op: e for e in (
                "express it with ops that have neuron kernels (exp, log, tanh, ...), or accept a host round trip "
                "per call", "no-kernel")
 )}
-
-
-def base_name(op: str) -> str:
-    """'aten::add_.Tensor' -> 'add' (namespace, overload and in-place underscore removed)."""
-    name = op.split("::", 1)[-1].split(".", 1)[0]
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
-
-
-@functools.lru_cache(maxsize=None)
-def lookup(op: str) -> UnsupportedOp | None:
-    """The table's entry for an op name ('aten::normal_', 'aten::normal_.default', 'aten::normal'), or None."""
-    return TABLE.get(f"{op.partition('::')[0]}::{base_name(op)}")

@@ -38,13 +38,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._pytree import tree_map
 
-from torch_neuronx.python_ops import host_ops
+from torch_neuronx.python_ops import op_classes
 from torch_neuronx.runtime import BACKEND_NAME
 
 ENV = "TORCH_NEURONX_EAGER_SEMANTICS"
@@ -57,15 +57,6 @@ UNSUPPORTED_DTYPES = frozenset(
 NO_IDENTITY_REDUCTIONS = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "std_mean", "var_mean"})
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FORMATS_OK = (None, torch.contiguous_format, torch.preserve_format)
-# Ops that move or describe memory rather than compute: TorchNeuron runs no kernel of its own on
-# their values (copies to and from 64-bit go through the host), so their values are CPU's.
-_MOVES = frozenset({"_to_copy", "copy", "clone", "detach", "alias", "lift_fresh", "lift_fresh_copy", "empty",
-                    "empty_strided", "empty_like", "new_empty", "new_empty_strided", "_local_scalar_dense", "resize",
-                    "set", "record_stream", "_has_compatible_shallow_copy_type", "_copy_from", "_copy_from_and_resize",
-                    "_reshape_alias", "as_strided", "view", "_unsafe_view", "_pin_memory", "is_pinned",
-                    "_nested_tensor_from_mask_left_aligned", "contiguous"})
-
-
 def _neuron(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == BACKEND_NAME
 
@@ -91,38 +82,6 @@ def _touches_neuron(args, kwargs) -> bool:
         return True
     device = kwargs.get("device")
     return device is not None and torch.device(device).type == BACKEND_NAME
-
-
-@functools.lru_cache(maxsize=None)
-def op_kind(name: str) -> str:
-    """What TorchNeuron does with an op, by name ('aten::add.Tensor', 'aten::add'): "device" (a
-    NeuronCore kernel), "host" (it runs on the CPU), "move" (memory, not computation), "dropout",
-    "collective". The diagnostics read it to tell which rules an observed call meets."""
-    namespace, _, rest = name.partition("::")
-    packet_name, _, overload = rest.partition(".")
-    try:
-        packet = getattr(getattr(torch.ops, namespace), packet_name)
-        return _kind(getattr(packet, overload or "default"))
-    except (AttributeError, RuntimeError):
-        return "collective" if namespace == "c10d" else "device"
-
-
-@functools.lru_cache(maxsize=None)
-def _kind(func) -> str:
-    namespace = func.namespace
-    if namespace == "c10d":
-        return "collective"
-    base = host_ops.base_name(func.name())
-    if base == "native_dropout":
-        return "dropout"
-    if base in _MOVES or func.is_view:
-        return "move"
-    packet = func.overloadpacket
-    random = any("Generator" in str(a.type) for name in packet.overloads()
-                 for a in getattr(packet, name)._schema.arguments)
-    if host_ops.lookup(func.name()) is not None or random:
-        return "host"  # random numbers come from the CPU generator too (randn(device="neuron") included)
-    return "device"
 
 
 @functools.lru_cache(maxsize=None)
@@ -238,7 +197,7 @@ def _check_dtypes(func, args, kwargs) -> None:
 
 
 def _check_empty_reduction(func, args) -> None:
-    if host_ops.base_name(func.name()) in NO_IDENTITY_REDUCTIONS and any(
+    if op_classes.base_name(func.name()) in NO_IDENTITY_REDUCTIONS and any(
             isinstance(v, torch.Tensor) and v.numel() == 0 for v in _flat(args)):
         raise RuntimeError(f"Cannot perform {func.name()} on empty tensor (no identity value)")
 
@@ -367,7 +326,7 @@ class TrainiumSemantics(TorchDispatchMode):
         kwargs = kwargs or {}
         if not _touches_neuron(args, kwargs):
             return func(*args, **kwargs)
-        kind = _kind(func)
+        kind = op_classes.kind_of(func)
         if kind == "move":
             _check_memory_format(func, args, kwargs)
             return func(*args, **kwargs)
@@ -375,7 +334,7 @@ class TrainiumSemantics(TorchDispatchMode):
 
 
 def _check_memory_format(func, args, kwargs) -> None:
-    if host_ops.base_name(func.name()) in ("_to_copy", "contiguous") and kwargs.get("memory_format") not in _FORMATS_OK:
+    if op_classes.base_name(func.name()) in ("_to_copy", "contiguous") and kwargs.get("memory_format") not in _FORMATS_OK:
         raise RuntimeError(f"{func.name().split('.')[0]}: {MEMORY_FORMAT_ERROR}")
 
 

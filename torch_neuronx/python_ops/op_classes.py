@@ -1,0 +1,146 @@
+"""What kind of op a call is, by its name: the one classification the cost model, the readiness
+findings and Trainium's eager semantics all read.
+
+- names: :func:`base_name` ('aten::add_.Tensor' -> 'add'), :func:`op_overload`;
+- the host table's entry (:func:`lookup` in :mod:`.host_ops`' data);
+- what TorchNeuron does with it (:func:`op_kind`: device, host, move, dropout, collective);
+- the family the estimate reports it under (:func:`family`: matmul, convolution, attention, ...)
+  and whether it draws random numbers (:func:`uses_generator`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from torch_neuronx.python_ops.host_ops import TABLE, UnsupportedOp
+
+
+def base_name(op: str) -> str:
+    """'aten::add_.Tensor' -> 'add' (namespace, overload and in-place underscore removed)."""
+    name = op.split("::", 1)[-1].split(".", 1)[0]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+@functools.lru_cache(maxsize=None)
+def lookup(op: str) -> UnsupportedOp | None:
+    """The table's entry for an op name ('aten::normal_', 'aten::normal_.default', 'aten::normal'), or None."""
+    return TABLE.get(f"{op.partition('::')[0]}::{base_name(op)}")
+
+
+# Ops that move or describe memory rather than compute: TorchNeuron runs no kernel of its own on
+# their values (copies to and from 64-bit go through the host), so their values are CPU's.
+_MOVES = frozenset({"_to_copy", "copy", "clone", "detach", "alias", "lift_fresh", "lift_fresh_copy", "empty",
+                    "empty_strided", "empty_like", "new_empty", "new_empty_strided", "_local_scalar_dense", "resize",
+                    "set", "record_stream", "_has_compatible_shallow_copy_type", "_copy_from", "_copy_from_and_resize",
+                    "_reshape_alias", "as_strided", "view", "_unsafe_view", "_pin_memory", "is_pinned",
+                    "_nested_tensor_from_mask_left_aligned", "contiguous"})
+
+
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "matmul", "linear", "addmv", "mv",
+              "dot", "vdot", "_int_mm", "addr", "outer"}
+REDUCTION_OPS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "std_mean",
+                 "argmax", "argmin", "cumsum", "cumprod", "logsumexp", "any", "all", "linalg_vector_norm",
+                 "norm", "aminmax", "count_nonzero", "median", "nansum"}
+DATA_MOVEMENT_OPS = {"cat", "stack", "gather", "scatter", "scatter_add", "scatter_reduce", "index", "index_put",
+                     "_index_put_impl", "index_select", "index_add", "index_copy", "embedding",
+                     "embedding_dense_backward", "_unsafe_index", "repeat", "clone", "constant_pad_nd", "flip",
+                     "roll", "sort", "topk", "masked_fill", "masked_scatter", "masked_select", "nonzero",
+                     "_unsafe_view", "tril", "triu", "fill", "zero", "arange", "full", "ones", "zeros",
+                     "repeat_interleave", "copy", "_to_copy", "upsample_nearest2d", "upsample_bilinear2d",
+                     "_upsample_nearest_exact2d", "reflection_pad2d", "replication_pad2d", "unfold", "im2col",
+                     "col2im", "slice_scatter", "select_scatter", "diagonal_scatter", "where"}
+HOST_TRANSFER = "host transfer"
+COLLECTIVE = "collective"
+NOT_ESTIMATED = (HOST_TRANSFER, COLLECTIVE)  # not HBM-bound work: counted, never costed
+
+
+@functools.lru_cache(maxsize=None)
+def op_overload(op: str):
+    """The OpOverload of 'ns::name.overload' (or 'ns::name'), or None."""
+    namespace, _, rest = op.partition("::")
+    name, _, overload = rest.partition(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+RANDOM_OPS = {"native_dropout", "_fused_dropout", "rand", "randn", "randint", "rand_like", "randn_like",
+              "randint_like"}  # random without a Generator argument in their schema
+
+
+@functools.lru_cache(maxsize=None)
+def uses_generator(op: str) -> bool:
+    """Whether the op draws random numbers (its schema takes a Generator, or it is dropout)."""
+    if base_name(op) in RANDOM_OPS:
+        return True
+    overload = op_overload(op)
+    if overload is None:
+        return False
+    return any("Generator" in str(arg.type) for arg in overload._schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def family(op: str) -> str:
+    """The op family a call is reported under."""
+    if op.startswith("c10d::"):
+        return COLLECTIVE
+    base = base_name(op)
+    if base in MATMUL_OPS:
+        return "matmul"
+    if "convolution" in base or base.startswith("conv"):
+        return "convolution"
+    if "scaled_dot_product" in base or "flash_attention" in base or "efficient_attention" in base:
+        return "attention"
+    if uses_generator(op):
+        return "random"
+    if "softmax" in base:
+        return "softmax"
+    if "norm" in base and base not in REDUCTION_OPS:
+        return "normalization"
+    if base == "_local_scalar_dense":
+        return HOST_TRANSFER
+    if base in REDUCTION_OPS:
+        return "reduction"
+    if base in DATA_MOVEMENT_OPS:
+        return "data movement"
+    overload = op_overload(op)
+    if overload is not None and torch.Tag.pointwise in overload.tags:
+        return "elementwise"
+    if base.endswith("_backward") or base.endswith("_backward_data"):
+        return "elementwise"  # the pointwise backwards (gelu, silu, threshold, ...)
+    return "other"
+
+
+@functools.lru_cache(maxsize=None)
+def op_kind(name: str) -> str:
+    """What TorchNeuron does with an op, by name ('aten::add.Tensor', 'aten::add'): "device" (a
+    NeuronCore kernel), "host" (it runs on the CPU), "move" (memory, not computation), "dropout",
+    "collective". The diagnostics read it to tell which rules an observed call meets."""
+    namespace, _, rest = name.partition("::")
+    packet_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), packet_name)
+        return kind_of(getattr(packet, overload or "default"))
+    except (AttributeError, RuntimeError):
+        return "collective" if namespace == "c10d" else "device"
+
+
+@functools.lru_cache(maxsize=None)
+def kind_of(func) -> str:
+    """op_kind of an OpOverload."""
+    namespace = func.namespace
+    if namespace == "c10d":
+        return "collective"
+    base = base_name(func.name())
+    if base == "native_dropout":
+        return "dropout"
+    if base in _MOVES or func.is_view:
+        return "move"
+    packet = func.overloadpacket
+    random = any("Generator" in str(a.type) for name in packet.overloads()
+                 for a in getattr(packet, name)._schema.arguments)
+    if lookup(func.name()) is not None or random:
+        return "host"  # random numbers come from the CPU generator too (randn(device="neuron") included)
+    return "device"
