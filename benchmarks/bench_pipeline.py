@@ -71,7 +71,7 @@ def load_pipeline(device="cpu"):
 
 def generate(pipe, size, steps):
     """The demo's call (its ``generate``): a step-distilled Klein, so guidance_scale 1.0 (none)."""
-    from torch_neuronx.demo.__main__ import PROMPT
+    from torch_neuronx.demo.cli import PROMPT
 
     torch.manual_seed(SEED)
     return pipe(prompt=PROMPT, height=size, width=size, num_inference_steps=steps, output_type="np",

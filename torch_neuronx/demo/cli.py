@@ -127,6 +127,14 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     pipe.numpy_to_pil(image[None])[0].save(args.output)
     eager = (image, "eager")
 
+    _compiled_phases(phases, pipe, source, dtype, eager)
+    _summary(phases, args)
+    readiness(pipe, args, source, dtype)
+
+
+def _compiled_phases(phases: Phases, pipe, source: str, dtype: torch.dtype, eager: tuple) -> None:
+    """The transformer compiled whole (warm-up, reuse, a new size, another step count), then block by block."""
+    args = phases.args
     torch.neuron.reset_dynamo_metrics()
     phases.compiling = True
     pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
@@ -140,6 +148,9 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     phases.run("repeated blocks compiled, warm-up", against=eager)
     phases.run("repeated blocks compiled, call", against=eager)
 
+
+def _summary(phases: Phases, args) -> None:
+    """The phase table, the compiles, the memory peak; the phases as JSON when asked."""
     print()
     print(table(phases.rows))
     metrics = torch.neuron.get_dynamo_metrics()
@@ -151,7 +162,6 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) for r in phases.rows], f, indent=1)
-    readiness(pipe, args, source, dtype)
 
 
 def fresh_neuron_transformer(source: str, dtype: torch.dtype):
@@ -218,7 +228,7 @@ def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
     dist.destroy_process_group()
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     parser = argument_parser(__doc__)
     parser.set_defaults(height=512, width=512)
     parser.add_argument("--tp", type=int, default=0, metavar="N", help="tensor parallel over N emulated cores")
@@ -239,7 +249,4 @@ def main(argv=None) -> None:
         tensor_parallel(args, source, dtype)
     else:
         single_core(args, source, dtype)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -120,7 +120,3 @@ def main(argv=None) -> int:
     else:
         print(text(topo, args.topology))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

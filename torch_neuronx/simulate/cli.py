@@ -171,7 +171,3 @@ def report(result: dict, out: str, quiet: bool) -> int:
         return 1
     print(f"plan holds: {result['world_size']} ranks within HBM, collectives agree; plan in {where}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def main(argv=None) -> int:
+def _parser() -> _Parser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", default=argparse.SUPPRESS, help="cache directory "
                         "(default: $TORCH_NEURONX_NEFF_CACHE_DIR or /tmp/neff_cache)")
@@ -32,8 +32,27 @@ def main(argv=None) -> int:
     commands.add_parser("list", parents=[common], help="one line per entry, then a total")
     commands.add_parser("size", parents=[common], help="total size and entry count")
     commands.add_parser("clear", parents=[common], help="remove every entry")
+    return parser
+
+
+def _show(cache: neff_cache.NeffCache, listing: bool) -> None:
+    """The entries (with ``listing``), then the total and Inductor's working cache."""
+    entries = cache.entries()
+    total = sum(e.size for e in entries)
+    if listing:
+        for e in entries:
+            mtime = datetime.datetime.fromtimestamp(e.mtime).isoformat(timespec="seconds")
+            print(f"{e.key}  {e.size:>12}  {mtime}")
+    print(f"total {total} bytes ({format_bytes(total)}) in {len(entries)} entries, {cache.directory}")
+    inductor = cache.inductor_size()
+    if inductor:
+        print(f"plus {inductor} bytes ({format_bytes(inductor)}) of Inductor's working cache in "
+              f"{os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)} (removed by clear)")
+
+
+def main(argv=None) -> int:
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
     except _UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -47,23 +66,9 @@ def main(argv=None) -> int:
     try:
         if args.command == "clear":
             print(f"removed {cache.clear()} entries from {cache.directory}")
-            return 0
-        entries = cache.entries()
-        total = sum(e.size for e in entries)
-        if args.command == "list":
-            for e in entries:
-                mtime = datetime.datetime.fromtimestamp(e.mtime).isoformat(timespec="seconds")
-                print(f"{e.key}  {e.size:>12}  {mtime}")
-        print(f"total {total} bytes ({format_bytes(total)}) in {len(entries)} entries, {cache.directory}")
-        inductor = cache.inductor_size()
-        if inductor:
-            print(f"plus {inductor} bytes ({format_bytes(inductor)}) of Inductor's working cache in "
-                  f"{os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR)} (removed by clear)")
+        else:
+            _show(cache, args.command == "list")
         return 0
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
