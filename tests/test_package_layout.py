@@ -180,6 +180,24 @@ def test_the_default_executor_does_not_depend_on_the_faithful_front_end():
     assert (plain.stdout.strip(), observed.stdout.strip()) == ("False", "True"), plain.stderr + observed.stderr
 
 
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 40
+
+
+def test_no_file_is_over_500_lines_and_no_function_over_40():
+    """What a newcomer can read at once: a module of one subject, a function of one step."""
+    long_files, long_functions = [], []
+    for module, path in MODULES.items():
+        text = open(path, encoding="utf-8").read()
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append((module, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{module}.{node.name} ({length} lines)")
+    assert MODULES and not long_files and not long_functions, (long_files, long_functions)
+
+
 def test_public_names_of_the_compiler_still_import():
     backend = importlib.import_module("torch_neuronx.neuron_dynamo_backend")
     for name in ("NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",

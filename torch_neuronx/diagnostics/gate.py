@@ -64,7 +64,7 @@ class Baseline:
     @classmethod
     def load(cls, path: str) -> Baseline:
         """Read a report.json or a SARIF file; a file that is neither is refused, naming the fix."""
-        fix = f"pass a report.json (or report.sarif) that python -m torch_neuronx.run wrote, or drop --baseline"
+        fix = "pass a report.json (or report.sarif) that python -m torch_neuronx.run wrote, or drop --baseline"
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)

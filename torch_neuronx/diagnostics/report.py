@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from torch_neuronx.diagnostics import cost_model, findings, neff_forecast, observer, op_tracking, places, time_model
-from torch_neuronx.python_ops import host_ops
-from torch_neuronx.diagnostics.cost_model import HOST_TRANSFER, NOT_ESTIMATED, TensorMeta
+from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.python_ops import op_classes
+from torch_neuronx.python_ops.op_classes import HOST_TRANSFER, NOT_ESTIMATED
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware
 from torch_neuronx.runtime.units import format_seconds, seconds_range
 
@@ -108,7 +109,7 @@ def graph_kind(graph) -> str:
 
 
 def _call_family(signature: observer.Signature, results: tuple[TensorMeta, ...]) -> str:
-    base = cost_model.base_name(signature.op)
+    base = op_classes.base_name(signature.op)
     if base in ("copy", "_to_copy") and (any(m.device != BACKEND_NAME for m in signature.inputs) or not results):
         return HOST_TRANSFER
     return signature.family
@@ -291,16 +292,14 @@ def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
                   first_run_seconds=(0.0, 0.0), phases=[], families=[], signatures=[], compiled_graphs=[], neffs=[],
                   host_syncs=0,
                   executed_ops=executed,
-                  fallback_ops={n: c for n, c in executed.items() if host_ops.lookup(n)},
+                  fallback_ops={n: c for n, c in executed.items() if op_classes.lookup(n)},
                   memory=_memory_rows(), memory_timeline=[], memory_timeline_device=timeline_device,
                   assumptions=cost_model.assumptions(profile) + time_model.assumptions()[:1]
                   + neff_forecast.assumptions())
 
 
-def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: list, results: dict,
-                  graphs: dict) -> None:
-    """Cost every observed signature and compiled graph, then fill in the phases, op families,
-    signatures and compiled graphs of ``report``."""
+def _costed(profile: cost_model.TrainiumProfile, results: dict, graphs: dict) -> tuple[dict, dict, dict]:
+    """(each signature by key, its (family, cost), each compiled graph's (family, cost) per op)."""
     signatures = {key: observer.Signature.of_key(key) for key in results}
     costs: dict[tuple, tuple[str, cost_model.OpCost]] = {}
     for key, result_metas in results.items():
@@ -308,48 +307,59 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
         costs[key] = (_call_family(signature, result),
                       time_model.op_cost(profile, signature.op, signature.inputs, result))
     # A compiled graph's call is one fused NEFF: its ops' FLOPs, and only its inputs and outputs in HBM.
-    graph_costs = {name: [(cost_model.family(op) if op else "data movement", time_model.cost(profile, *work))
+    graph_costs = {name: [(op_classes.family(op) if op else "data movement", time_model.cost(profile, *work))
                           for (op, _, _), work in zip([*g.ops, (None, (), ())], g.fused)]
                    for name, g in graphs.items()}
+    return signatures, costs, graph_costs
+
+
+def _phase_row(phase, signatures: dict, costs: dict, graph_costs: dict, graphs: dict) -> tuple[PhaseRow | None, list]:
+    """A phase's row of the estimate (None when it ran nothing costed) and its (family, calls, cost)."""
+    name, seconds, calls_by_key, graph_calls = phase
+    phase_costs = [(costs[key][0], calls, costs[key][1]) for key, calls in calls_by_key.items()]
+    for graph, calls in graph_calls.items():
+        phase_costs.extend((fam, calls, cost) for fam, cost in graph_costs.get(graph, []))
+    if not phase_costs:
+        return None, []
+    rows = _family_rows(phase_costs)
+    roofline_ms = sum(r.estimated_ms for r in rows)
+    neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in calls_by_key.items()},
+                                   [(g, graph_kind(graphs[g]), n) for g, n in graph_calls.items() if g in graphs])
+    steady_ms = tuple(s * 1e3 for s in neff_forecast.steady_state_seconds(roofline_ms / 1e3, neffs))
+    return PhaseRow(name, seconds, sum(calls_by_key.values()), sum(graph_calls.values()), roofline_ms,
+                    sum(n.launches for n in neffs), steady_ms, rows), phase_costs
+
+
+def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: list, results: dict,
+                  graphs: dict) -> None:
+    """Cost every observed signature and compiled graph, then fill in the phases, op families,
+    signatures and compiled graphs of ``report``."""
+    signatures, costs, graph_costs = _costed(profile, results, graphs)
     totals: Counter = Counter()
+    graph_calls_total: Counter = Counter()
     all_costs = []
-    for name, seconds, calls_by_key, graph_calls in phases:
-        phase_costs = []
-        for key, calls in calls_by_key.items():
-            totals[key] += calls
-            fam, cost = costs[key]
-            phase_costs.append((fam, calls, cost))
-        for graph, calls in graph_calls.items():
-            phase_costs.extend((fam, calls, cost) for fam, cost in graph_costs.get(graph, []))
-        if not phase_costs:
-            continue
-        rows = _family_rows(phase_costs)
-        roofline_ms = sum(r.estimated_ms for r in rows)
-        neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in calls_by_key.items()},
-                                       [(g, graph_kind(graphs[g]), n) for g, n in graph_calls.items() if g in graphs])
-        report.phases.append(PhaseRow(name, seconds, sum(calls_by_key.values()), sum(graph_calls.values()),
-                                      roofline_ms, sum(n.launches for n in neffs),
-                                      tuple(s * 1e3 for s in neff_forecast.steady_state_seconds(roofline_ms / 1e3,
-                                                                                                neffs)), rows))
-        all_costs.extend(phase_costs)
+    for phase in phases:
+        totals.update(phase[2])
+        graph_calls_total.update(phase[3])
+        row, phase_costs = _phase_row(phase, signatures, costs, graph_costs, graphs)
+        if row is not None:
+            report.phases.append(row)
+            all_costs.extend(phase_costs)
     report.families = _family_rows(all_costs)
     report.estimated_ms = sum(r.estimated_ms for r in report.families)
     report.signatures = sorted(
         (SignatureRow(signatures[k].op, [str(m) for m in signatures[k].inputs], costs[k][0], calls, costs[k][1].flops,
                       costs[k][1].bytes, costs[k][1].seconds * 1e6) for k, calls in totals.items()),
         key=lambda r: (-r.estimated_us * r.calls, r.op))
-    graph_calls_total: Counter = Counter()
-    for _, _, _, graph_calls in phases:
-        graph_calls_total.update(graph_calls)
     neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in totals.items()},
                                    [(name, graph_kind(g), graph_calls_total.get(name, 0))
-                                                  for name, g in graphs.items()])
+                                    for name, g in graphs.items()])
     report.neffs = [dataclasses.asdict(n) for n in neffs]
     report.steady_state_seconds = neff_forecast.steady_state_seconds(report.estimated_ms / 1e3, neffs)
     report.first_run_seconds = neff_forecast.first_run_seconds(report.estimated_ms / 1e3, neffs)
     report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
-        {"name": name, "ops": len(g.ops), "calls": sum(p[3].get(name, 0) for p in phases),
+        {"name": name, "ops": len(g.ops), "calls": graph_calls_total.get(name, 0),
          "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error,
          "lowering": g.lowering, "parts": dict(g.parts), "lowering_s": g.lowering_s,
          "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}

@@ -109,25 +109,33 @@ def lift_tensor_attributes(gm: torch.fx.GraphModule, fake_mode, original: torch.
     placeholders: dict[str, torch.fx.Node] = {}
     for node in nodes:
         if node.target not in placeholders:
-            owner, name = _attribute_owner(gm, node.target)
-            if owner is not gm and id(owner) in shared:
-                raise NotImplementedError(
-                    f"the graph reads tensor {node.target!r} from inside a submodule it also calls; neuron "
-                    "cannot lift it to an input without changing your module")
-            value = getattr(owner, name)
-            with gm.graph.inserting_before(first_node):
-                placeholder = gm.graph.placeholder(f"lifted_{node.target.replace('.', '_')}")
-            placeholder.meta.update(node.meta)
-            if not isinstance(placeholder.meta.get("example_value"), torch.Tensor):
-                placeholder.meta["example_value"] = fake_mode.from_tensor(value, static_shapes=True)
-            placeholder._dynamo_source = sources.get(node.target)  # AOTAutograd reads it off every input
-            placeholders[node.target] = placeholder
+            placeholders[node.target], value = _lifted_input(gm, node, shared, first_node, fake_mode,
+                                                             sources.get(node.target))
             lifted.append(value)
-            delattr(owner, name)
         node.replace_all_uses_with(placeholders[node.target])
         gm.graph.erase_node(node)
     gm.recompile()
     return lifted
+
+
+def _lifted_input(gm: torch.fx.GraphModule, node: torch.fx.Node, shared: set[int], first_node: torch.fx.Node,
+                  fake_mode, source) -> tuple[torch.fx.Node, torch.Tensor]:
+    """A new leading input standing for the attribute ``node`` reads, which leaves the copy ``gm``;
+    (the input, the attribute's tensor)."""
+    owner, name = _attribute_owner(gm, node.target)
+    if owner is not gm and id(owner) in shared:
+        raise NotImplementedError(
+            f"the graph reads tensor {node.target!r} from inside a submodule it also calls; neuron "
+            "cannot lift it to an input without changing your module")
+    value = getattr(owner, name)
+    with gm.graph.inserting_before(first_node):
+        placeholder = gm.graph.placeholder(f"lifted_{node.target.replace('.', '_')}")
+    placeholder.meta.update(node.meta)
+    if not isinstance(placeholder.meta.get("example_value"), torch.Tensor):
+        placeholder.meta["example_value"] = fake_mode.from_tensor(value, static_shapes=True)
+    placeholder._dynamo_source = source  # AOTAutograd reads it off every input
+    delattr(owner, name)
+    return placeholder, value
 
 
 def cpu_example_inputs(example_inputs: Sequence[Any], fake_mode) -> list:

@@ -90,6 +90,25 @@ def _groups_kept_until_compared():
         dist.destroy_process_group = dist.distributed_c10d.destroy_process_group = original
 
 
+def _compared(per_rank: list, ref: torch.Tensor) -> dict:
+    """One output's comparison: every rank's value against one device's, and the worst rank."""
+    worst, worst_rank, good = 0.0, 0, True
+    for rank, got in enumerate(per_rank):
+        if got.shape != ref.shape:
+            good, worst_rank, worst = False, rank, float("inf")
+            break
+        diff = (got.double() - ref.double()).abs().max().item() if got.numel() else 0.0
+        try:
+            torch.testing.assert_close(got, ref, rtol=RTOL, atol=ATOL) if got.dtype == torch.float32 else \
+                torch.testing.assert_close(got, ref)
+        except AssertionError:
+            good = False
+        if diff >= worst:
+            worst, worst_rank = diff, rank
+    return {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
+            "max_abs_difference": worst, "worst_rank": worst_rank, "ok": good}
+
+
 def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> dict:
     from torch.distributed._local_tensor import LocalTensorMode
 
@@ -107,27 +126,10 @@ def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int,
     with world.simulated_rank(0, 1, 1, script, list(argv)):
         reference = {name: values[0] for name, values in _tensors(world.run_script_keeping_globals(script), 1,
                                                                    names).items()}
-    outputs, ok = {}, True
     compared = sorted(set(simulated) & set(reference))
     missing = sorted(set(names or ()) - set(compared))
-    for name in compared:
-        ref = reference[name]
-        worst, worst_rank, good = 0.0, 0, True
-        for rank, got in enumerate(simulated[name]):
-            if got.shape != ref.shape:
-                good, worst_rank, worst = False, rank, float("inf")
-                break
-            diff = (got.double() - ref.double()).abs().max().item() if got.numel() else 0.0
-            try:
-                torch.testing.assert_close(got, ref, rtol=RTOL, atol=ATOL) if got.dtype == torch.float32 else \
-                    torch.testing.assert_close(got, ref)
-            except AssertionError:
-                good = False
-            if diff >= worst:
-                worst, worst_rank = diff, rank
-        outputs[name] = {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
-                         "max_abs_difference": worst, "worst_rank": worst_rank, "ok": good}
-        ok &= good
+    outputs = {name: _compared(simulated[name], reference[name]) for name in compared}
+    ok = all(output["ok"] for output in outputs.values())
     if not compared or missing:
         ok = False
     layout = f"{nnodes} x {instance.name}"

@@ -149,67 +149,96 @@ def _step_rows(spans: dict, steps: dict, cal) -> dict:
     return rows
 
 
+class _Groups:
+    """The process groups met so far, each named g0, g1, ... in the order first seen."""
+
+    def __init__(self, layout: Layout):
+        self.layout, self.names, self.rows = layout, {}, []
+
+    def name(self, group: tuple) -> str:
+        if group not in self.names:
+            self.names[group] = f"g{len(self.names)}"
+            link, bw = self.layout.link(group)
+            self.rows.append({"name": self.names[group], "ranks": ranges(group), "size": len(group),
+                              "link": link, "bytes_per_s_per_rank": bw})
+        return self.names[group]
+
+
+def _costed_collectives(rec, spans: dict, groups: _Groups, cal: time_model.Calibration) -> list[dict]:
+    """Each distinct collective call of a rank, timed on its group's link; its time goes to its step's span."""
+    calls = []
+    for (op, group, nbytes, shapes, line, step), n in grouped_collectives(rec).items():
+        name = groups.name(group)
+        link, bw = groups.layout.link(group)
+        latency, transfer = time_model.collective_seconds(op, nbytes, len(group), bw, link, cal)
+        span = spans.setdefault(step, time_model.Span())
+        span.comm_latency_s += n * latency
+        span.comm_transfer_s += n * transfer
+        calls.append({"op": op, "group": name, "bytes": nbytes, "shapes": shapes, "line": line,
+                      "step": step, "calls": n, "seconds": latency + transfer})
+    return calls
+
+
+def _over_capacity(rec, capacity: int) -> dict | None:
+    """Where a rank's memory crossed the core's HBM (unknown when re-costed for a smaller one)."""
+    if rec.over is not None and rec.over.bytes_live > capacity:
+        return {"line": rec.over.line, "site": rec.over.site, "op": rec.over.op,
+                "allocation_bytes": rec.over.allocation, "live_bytes": rec.over.bytes_live}
+    if rec.peak_bytes > capacity:
+        return {"line": None, "site": None, "op": None, "allocation_bytes": None, "live_bytes": rec.peak_bytes}
+    return None
+
+
+def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: int,
+                cal: time_model.Calibration) -> dict:
+    """One rank's row of the plan: where it runs, its memory, its time and its collectives."""
+    whole = time_model.Span()
+    for span in spans.values():
+        whole.add(span)
+    entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
+             "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
+             "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
+             "step_seconds": list(whole.seconds(cal)), "compute_seconds": whole.compute_s,
+             "launch_seconds": list(whole.launch_s(cal)), "eager_launches": whole.eager_launches,
+             "graph_launches": whole.graph_launches, "communication_seconds": whole.comm_s,
+             "communication_latency_seconds": whole.comm_latency_s,
+             "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
+             "steps": _step_rows(spans, rec.steps, cal)}
+    over = _over_capacity(rec, capacity)
+    if over is not None:
+        entry["over_capacity"] = over
+    if rec.error:
+        entry["error"] = {"message": rec.error, "line": rec.error_line}
+    if getattr(rec, "relabelled_from", None) is not None:
+        entry["relabelled_from"] = rec.relabelled_from  # not run: that rank's record, groups translated
+    return entry
+
+
 def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: float, runs: int,
           divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> dict:
     """The plan of ``records`` on ``layout`` (a dict: plan.json), timed with ``cal``. ``divergence``,
     when given, is taken as found (re-costing a plan); else the records are checked."""
     profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
-    groups: dict[tuple, str] = {}
-    group_rows, ranks, over = [], [], []
-    compute_cache: dict[int, dict] = {}
-    recorded = {}
+    groups = _Groups(layout)
+    ranks, recorded = [], {}
+    compute_cache: dict[int, dict] = {}  # ranks that share their work share its costing
     for rec in records:
         if id(rec.work) not in compute_cache:
             compute_cache[id(rec.work)] = _compute_spans(profile, rec, cal)
         spans = {step: time_model.Span(**vars(span)) for step, span in compute_cache[id(rec.work)].items()}
-        calls = []
-        for (op, group, nbytes, shapes, line, step), n in grouped_collectives(rec).items():
-            if group not in groups:
-                groups[group] = f"g{len(groups)}"
-                link, bw = layout.link(group)
-                group_rows.append({"name": groups[group], "ranks": ranges(group), "size": len(group),
-                                   "link": link, "bytes_per_s_per_rank": bw})
-            link, bw = layout.link(group)
-            latency, transfer = time_model.collective_seconds(op, nbytes, len(group), bw, link, cal)
-            span = spans.setdefault(step, time_model.Span())
-            span.comm_latency_s += n * latency
-            span.comm_transfer_s += n * transfer
-            calls.append({"op": op, "group": groups[group], "bytes": nbytes, "shapes": shapes, "line": line,
-                          "step": step, "calls": n, "seconds": latency + transfer})
-        whole = time_model.Span()
-        for span in spans.values():
-            whole.add(span)
-        entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
-                 "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
-                 "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
-                 "step_seconds": list(whole.seconds(cal)), "compute_seconds": whole.compute_s,
-                 "launch_seconds": list(whole.launch_s(cal)), "eager_launches": whole.eager_launches,
-                 "graph_launches": whole.graph_launches, "communication_seconds": whole.comm_s,
-                 "communication_latency_seconds": whole.comm_latency_s,
-                 "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
-                 "steps": _step_rows(spans, rec.steps, cal)}
-        if rec.over is not None and rec.over.bytes_live > capacity:
-            entry["over_capacity"] = {"line": rec.over.line, "site": rec.over.site, "op": rec.over.op,
-                                      "allocation_bytes": rec.over.allocation, "live_bytes": rec.over.bytes_live}
-        elif not entry["fits"]:  # re-costed for a smaller HBM: where it crossed is not known
-            entry["over_capacity"] = {"line": None, "site": None, "op": None, "allocation_bytes": None,
-                                      "live_bytes": rec.peak_bytes}
-        if "over_capacity" in entry:
-            over.append({"rank": rec.rank, "peak_bytes": rec.peak_bytes, **entry["over_capacity"]})
-        if rec.error:
-            entry["error"] = {"message": rec.error, "line": rec.error_line}
-        if getattr(rec, "relabelled_from", None) is not None:
-            entry["relabelled_from"] = rec.relabelled_from  # not run: that rank's record, groups translated
-        else:
+        calls = _costed_collectives(rec, spans, groups, cal)
+        ranks.append(_rank_entry(rec, spans, calls, layout, capacity, cal))
+        if "relabelled_from" not in ranks[-1]:
             recorded[str(rec.rank)] = record_json(rec)
-        ranks.append(entry)
     checked = [rec for rec in records if getattr(rec, "relabelled_from", None) is None]
+    over = [{"rank": r["rank"], "peak_bytes": r["peak_bytes"], **r["over_capacity"]} for r in ranks
+            if "over_capacity" in r]
     return {
         "schema": SCHEMA, "mode": "structure", "script": os.path.abspath(script), "args": list(argv),
         "instance": layout.instance.name, "chip": layout.instance.chip.name, "lnc": layout.lnc,
         "nnodes": layout.nnodes, "nproc_per_node": layout.nproc, "world_size": len(records),
         "capacity_bytes": capacity, "time": time_summary(ranks, profile, layout, cal), "ranks": ranks,
-        "over_capacity": over, "groups": group_rows,
+        "over_capacity": over, "groups": groups.rows,
         "communication": {
             "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
             "seconds": max((r["communication_seconds"] for r in ranks), default=0.0),

@@ -76,16 +76,11 @@ def _rank_rows(plan: dict) -> list[tuple[list[int], dict]]:
     return list(rows.values())
 
 
-def text(plan: dict) -> str:
-    out = [f"neuron plan: {os.path.basename(plan['script'])} as {plan['world_size']} ranks on "
-           f"{plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}, {plan['nproc_per_node']} ranks per node)"]
-    if plan.get("mode") == "numerics":
-        out.append(numerics_text(plan))
-        return "\n".join(out) + "\n"
-    out += time_lines(plan)
+def _memory_lines(plan: dict) -> list[str]:
+    """HBM per rank, the divergence error if any, and each rank over its HBM with where it crossed."""
     cap = plan["capacity_bytes"]
     peaks = [r["peak_bytes"] for r in plan["ranks"]]
-    out.append(f"HBM per rank: {format_bytes(cap)}; peak {format_bytes(min(peaks))} to {format_bytes(max(peaks))}")
+    out = [f"HBM per rank: {format_bytes(cap)}; peak {format_bytes(min(peaks))} to {format_bytes(max(peaks))}"]
     if plan["divergence"]:
         out.append("ERROR " + plan["divergence"]["message"])
     for o in plan["over_capacity"]:
@@ -94,6 +89,12 @@ def text(plan: dict) -> str:
                  "where it crossed is not known (re-costed for a smaller HBM: run the simulation to find the line)")
         out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; "
                    f"{where}")
+    return out
+
+
+def _run_lines(plan: dict) -> list[str]:
+    """How the plan was made (re-costed, which ranks ran) and its process groups."""
+    out = []
     sim = plan.get("simulation", {})
     sym = sim.get("symmetry") or {}
     if sim.get("recosted_from"):
@@ -106,9 +107,14 @@ def text(plan: dict) -> str:
         out.append(f"ran every rank: {sym['why_every_rank_ran']}")
     out.append("groups: " + "; ".join(f"{g['name']} = ranks {_ranks_shown(g['ranks'])} over {g['link']}" for g in plan["groups"][:12])
                + (f"; ... {len(plan['groups']) - 12} more" if len(plan["groups"]) > 12 else ""))
-    out.append("")
-    out.append(f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
-               f"{'time per run':>21}")
+    return out
+
+
+def _rank_table(plan: dict) -> list[str]:
+    """The table of ranks (alike ones on one row), then rank 0's collectives, the largest first."""
+    cap = plan["capacity_bytes"]
+    out = ["", f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
+               f"{'time per run':>21}"]
     for members, r in _rank_rows(plan):
         spread = len(members) > 1 and len(plan["ranks"]) > 64  # a row of ranks on several nodes and chips
         out.append(f"{id_ranges(members):>11} {'-' if spread else r['node']:>4} {'-' if spread else r['chip']:>4} "
@@ -124,6 +130,16 @@ def text(plan: dict) -> str:
         out += ["", f"rank 0's collectives ({first['collective_calls']}), grouped:"]
         for (op, group, nbytes, line), n in sorted(counted.items(), key=lambda kv: -kv[1] * kv[0][2])[:20]:
             out.append(f"  {n:>4} x {op} of {format_bytes(nbytes)} on {group} at {line}")
+    return out
+
+
+def text(plan: dict) -> str:
+    out = [f"neuron plan: {os.path.basename(plan['script'])} as {plan['world_size']} ranks on "
+           f"{plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}, {plan['nproc_per_node']} ranks per node)"]
+    if plan.get("mode") == "numerics":
+        out.append(numerics_text(plan))
+        return "\n".join(out) + "\n"
+    out += time_lines(plan) + _memory_lines(plan) + _run_lines(plan) + _rank_table(plan)
     t = plan.get("time") or {}
     out += ["", "how the time is estimated: " + " ".join(t.get("assumptions", [])),
             "what moves it: " + "; ".join(CHOICES),

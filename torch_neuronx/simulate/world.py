@@ -134,18 +134,37 @@ def _swap_patch(stack: contextlib.ExitStack, fake_mode) -> None:
     stack.enter_context(_patched(torch.utils, "swap_tensors", swap_tensors))
 
 
-@contextlib.contextmanager
-def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv: list[str], fake_mode=None,
-                   audit=None):
-    """The process as rank ``rank`` of ``world`` sees it, for the duration of one run; with
-    ``audit`` (a symmetry.Audit) every rank value it hands out notes the program's uses of it."""
-    local_rank = rank % nproc_per_node
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
-           "LOCAL_WORLD_SIZE": str(nproc_per_node), "GROUP_RANK": str(rank // nproc_per_node),
-           "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simulate"}
+def _rank_environment(rank: int, world: int, nproc_per_node: int) -> dict[str, str]:
+    """The variables torchrun gives rank ``rank`` of ``world``."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % nproc_per_node),
+            "LOCAL_WORLD_SIZE": str(nproc_per_node), "GROUP_RANK": str(rank // nproc_per_node),
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simulate"}
+
+
+def _process_as_rank(stack: contextlib.ExitStack, env: dict[str, str], script: str, argv: list[str]) -> None:
+    """The environment, sys.argv and sys.path[0] as the rank's process has them, until ``stack`` closes."""
     saved_env = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
     saved_argv, saved_path0 = sys.argv, sys.path[0]
+
+    def restore() -> None:
+        sys.argv = saved_argv
+        sys.path[0] = saved_path0
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    stack.callback(restore)
+    os.environ.update(env)
+    sys.argv = [script, *argv]
+    sys.path[0] = os.path.dirname(script)
+
+
+def _distributed_as_rank(stack: contextlib.ExitStack, rank: int, world: int, local_rank: int) -> None:
+    """init_process_group makes the fake group of this rank, whatever the program asked for, and
+    set_device takes the local rank's core as its core 0."""
     init_original = dist.init_process_group
     set_device_original = torch.neuron.set_device
 
@@ -159,16 +178,23 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         # The runtime's current device, the one C++ reads too; the local rank's index is core 0.
         set_device_original(own_index(torch.neuron._get_device_index(device), local_rank))
 
+    stack.enter_context(_patched(dist, "init_process_group", init_process_group))
+    stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
+    saved_device = torch.neuron.current_device()
+    set_device_original(0)  # each run starts on its own core
+    stack.callback(set_device_original, saved_device)
+    stack.enter_context(_patched(torch.neuron, "set_device", set_device))
+
+
+@contextlib.contextmanager
+def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv: list[str], fake_mode=None,
+                   audit=None):
+    """The process as rank ``rank`` of ``world`` sees it, for the duration of one run; with
+    ``audit`` (a symmetry.Audit) every rank value it hands out notes the program's uses of it."""
+    local_rank = rank % nproc_per_node
     with contextlib.ExitStack() as stack:
-        os.environ.update(env)
-        sys.argv = [script, *argv]
-        sys.path[0] = os.path.dirname(script)
-        stack.enter_context(_patched(dist, "init_process_group", init_process_group))
-        stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
-        saved_device = torch.neuron.current_device()
-        set_device_original(0)  # each run starts on its own core
-        stack.callback(set_device_original, saved_device)
-        stack.enter_context(_patched(torch.neuron, "set_device", set_device))
+        _process_as_rank(stack, _rank_environment(rank, world, nproc_per_node), script, argv)
+        _distributed_as_rank(stack, rank, world, local_rank)
         _own_core(stack, local_rank)
         # Fake tensors take current_device() for a bare "neuron" only from an initialized device.
         stack.enter_context(_patched(torch.neuron, "is_initialized", lambda: True))
@@ -178,17 +204,8 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         if audit is not None:
             from torch_neuronx.simulate import symmetry
             stack.enter_context(symmetry.audited_sources(audit))
-        try:
-            yield
-        finally:
-            _reset_distributed()
-            sys.argv = saved_argv
-            sys.path[0] = saved_path0
-            for k, v in saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        stack.callback(_reset_distributed)  # first when the run ends: the stack closes last-in first-out
+        yield
 
 
 def _reset_distributed() -> None:

@@ -13,52 +13,58 @@ def run(module, context) -> None:
     from torch_mlir import ir
 
     with context, ir.Location.unknown():
-        f64, f32 = ir.F64Type.get(), ir.F32Type.get()
-
-        def narrowed(type_):
-            type_ = type_.maybe_downcast()
-            if isinstance(type_, ir.RankedTensorType):
-                tensor = type_
-                if tensor.element_type == f64:
-                    return ir.RankedTensorType.get(tensor.shape, f32, tensor.encoding)
-            elif type_ == f64:
-                return f32
-            return None
-
-        def narrow_constant(op) -> None:
-            attribute = op.attributes["value"].maybe_downcast() if "value" in op.attributes else None
-            if not isinstance(attribute, ir.DenseFPElementsAttr):
-                return
-            new_type = narrowed(attribute.type)
-            if new_type is None:
-                return
-            if attribute.is_splat:
-                element = ir.FloatAttr.get(f32, attribute.get_splat_value().maybe_downcast().value)
-                op.attributes["value"] = ir.DenseElementsAttr.get_splat(new_type, element)
-            else:
-                import numpy
-
-                values = numpy.array(attribute, dtype=numpy.float64).astype(numpy.float32)
-                op.attributes["value"] = ir.DenseElementsAttr.get(values, type=new_type)
-
-        def visit(op):
-            operation = op.operation
-            for region in operation.regions:
-                for block in region.blocks:
-                    for argument in block.arguments:
-                        new_type = narrowed(argument.type)
-                        if new_type is not None:
-                            argument.set_type(new_type)
-            if operation.name in ("stablehlo.constant", "arith.constant"):
-                narrow_constant(operation)
-            for result in operation.results:
-                new_type = narrowed(result.type)
-                if new_type is not None:
-                    result.set_type(new_type)
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
+        module.operation.walk(_Narrowing(ir).visit)
         _retype_functions(module, ir)
+
+
+class _Narrowing:
+    """The float64-to-float32 rewrite of one operation at a time (a walk's callback)."""
+
+    def __init__(self, ir):
+        self.ir, self.f64, self.f32 = ir, ir.F64Type.get(), ir.F32Type.get()
+
+    def narrowed(self, type_):
+        """The float32 counterpart of a float64 type (scalar or ranked tensor), else None."""
+        type_ = type_.maybe_downcast()
+        if isinstance(type_, self.ir.RankedTensorType):
+            if type_.element_type == self.f64:
+                return self.ir.RankedTensorType.get(type_.shape, self.f32, type_.encoding)
+        elif type_ == self.f64:
+            return self.f32
+        return None
+
+    def narrow_constant(self, op) -> None:
+        ir = self.ir
+        attribute = op.attributes["value"].maybe_downcast() if "value" in op.attributes else None
+        if not isinstance(attribute, ir.DenseFPElementsAttr):
+            return
+        new_type = self.narrowed(attribute.type)
+        if new_type is None:
+            return
+        if attribute.is_splat:
+            element = ir.FloatAttr.get(self.f32, attribute.get_splat_value().maybe_downcast().value)
+            op.attributes["value"] = ir.DenseElementsAttr.get_splat(new_type, element)
+        else:
+            import numpy
+
+            values = numpy.array(attribute, dtype=numpy.float64).astype(numpy.float32)
+            op.attributes["value"] = ir.DenseElementsAttr.get(values, type=new_type)
+
+    def visit(self, op):
+        operation = op.operation
+        for region in operation.regions:
+            for block in region.blocks:
+                for argument in block.arguments:
+                    new_type = self.narrowed(argument.type)
+                    if new_type is not None:
+                        argument.set_type(new_type)
+        if operation.name in ("stablehlo.constant", "arith.constant"):
+            self.narrow_constant(operation)
+        for result in operation.results:
+            new_type = self.narrowed(result.type)
+            if new_type is not None:
+                result.set_type(new_type)
+        return self.ir.WalkResult.ADVANCE
 
 
 def _retype_functions(module, ir) -> None:

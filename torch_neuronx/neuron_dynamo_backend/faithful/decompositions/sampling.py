@@ -123,52 +123,66 @@ def _grid_taps(x_shape, grid, interpolation_mode, padding_mode, align_corners):
     spatial = x_shape[2:]
     count = len(spatial)
     coordinates = [grid[..., count - 1 - d] for d in range(count)]  # input order
-    taps = []
-    if interpolation_mode == 2:  # bicubic: taps -1..2 around the position, each tap index padded
-        sources = [_unnormalize(c, size, align_corners) for c, size in zip(coordinates, spatial)]
-        floors = [torch.floor(x) for x, _ in sources]
-        cubics = [_cubic(x - f) for (x, _), f in zip(sources, floors)]
-        for offsets in itertools.product(range(4), repeat=count):
-            positions, inside, weight = [], None, 1.0
-            for d, o in enumerate(offsets):
-                position = floors[d] + (o - 1)
-                if padding_mode == 2:
-                    position = (_reflect(position, 0, 2 * (spatial[d] - 1)) if align_corners
-                                else _reflect(position, -1, 2 * spatial[d] - 1))[0]
-                if padding_mode in (1, 2):
-                    position = position.clamp(0, spatial[d] - 1)
-                within = (position >= 0) & (position <= spatial[d] - 1)
-                inside = within if inside is None else inside & within
-                positions.append(position)
-                weight = weight * cubics[d][0][o]
-            slopes = []
-            for d in range(count):
-                slope = cubics[d][1][offsets[d]] * sources[d][1]
-                for e in range(count):
-                    if e != d:
-                        slope = slope * cubics[e][0][offsets[e]]
-                slopes.append(slope)
-            taps.append((positions, inside, weight, slopes))
-        return taps
+    if interpolation_mode == 2:
+        return _bicubic_taps(coordinates, spatial, padding_mode, align_corners)
     sources = [_grid_source(c, size, padding_mode, align_corners) for c, size in zip(coordinates, spatial)]
     if interpolation_mode == 1:  # nearest (half to even, as nearbyint), no gradient to the grid
         positions = [torch.round(x) for x, _ in sources]
         inside = functools.reduce(operator.and_, [(p >= 0) & (p <= size - 1) for p, size in zip(positions, spatial)])
         return [(positions, inside, torch.ones_like(positions[0]), [torch.zeros_like(positions[0])] * count)]
+    return _linear_taps(sources, spatial)
+
+
+def _slopes(first: list, others: list) -> list:
+    """Each dimension's derivative: its own factor's (``first[d]``) times the other dimensions' factors."""
+    slopes = []
+    for d in range(len(first)):
+        slope = first[d]
+        for e in range(len(first)):
+            if e != d:
+                slope = slope * others[e]
+        slopes.append(slope)
+    return slopes
+
+
+def _bicubic_taps(coordinates, spatial, padding_mode, align_corners):
+    """Bicubic: taps -1..2 around the position in each dimension, each tap index padded."""
+    count = len(spatial)
+    sources = [_unnormalize(c, size, align_corners) for c, size in zip(coordinates, spatial)]
+    floors = [torch.floor(x) for x, _ in sources]
+    cubics = [_cubic(x - f) for (x, _), f in zip(sources, floors)]
+    taps = []
+    for offsets in itertools.product(range(4), repeat=count):
+        positions, inside, weight = [], None, 1.0
+        for d, o in enumerate(offsets):
+            position = floors[d] + (o - 1)
+            if padding_mode == 2:
+                position = (_reflect(position, 0, 2 * (spatial[d] - 1)) if align_corners
+                            else _reflect(position, -1, 2 * spatial[d] - 1))[0]
+            if padding_mode in (1, 2):
+                position = position.clamp(0, spatial[d] - 1)
+            within = (position >= 0) & (position <= spatial[d] - 1)
+            inside = within if inside is None else inside & within
+            positions.append(position)
+            weight = weight * cubics[d][0][o]
+        slopes = _slopes([cubics[d][1][offsets[d]] * sources[d][1] for d in range(count)],
+                         [cubics[e][0][offsets[e]] for e in range(count)])
+        taps.append((positions, inside, weight, slopes))
+    return taps
+
+
+def _linear_taps(sources, spatial):
+    """Bilinear (trilinear): the 2**n corners around the position."""
+    count = len(spatial)
     floors = [torch.floor(x) for x, _ in sources]
     fractions = [x - f for (x, _), f in zip(sources, floors)]
+    taps = []
     for corner in itertools.product((0, 1), repeat=count):
         positions = [f + c for f, c in zip(floors, corner)]
         inside = functools.reduce(operator.and_, [(p >= 0) & (p <= size - 1) for p, size in zip(positions, spatial)])
         factors = [t if c else 1 - t for t, c in zip(fractions, corner)]
         weight = functools.reduce(operator.mul, factors)
-        slopes = []
-        for d in range(count):
-            slope = (1.0 if corner[d] else -1.0) * sources[d][1]
-            for e in range(count):
-                if e != d:
-                    slope = slope * factors[e]
-            slopes.append(slope)
+        slopes = _slopes([(1.0 if corner[d] else -1.0) * sources[d][1] for d in range(count)], factors)
         taps.append((positions, inside, weight, slopes))
     return taps
 

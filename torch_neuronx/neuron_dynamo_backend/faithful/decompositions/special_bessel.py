@@ -1,21 +1,14 @@
-"""Bessel functions (I, K, J, Y, spherical j0, Airy Ai) and Chebyshev polynomials.
-
-Written from the mathematics as elementary torch ops, in fixed iteration counts, computing in the
-input's floating dtype (see :mod:`.special_common`)."""
+"""Bessel functions (I, K, J, Y, spherical j0, Airy Ai) and Chebyshev polynomials. As elementary ops, by the
+rules of :mod:`.special_common`."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from torch_neuronx.neuron_dynamo_backend.faithful.decompositions.special_common import (
-    EULER,
-    INF,
-    NAN,
-    as_float,
-    poly,
-    promotes,
-)
+    EULER, INF, NAN, as_float, poly, promotes)
 
 
 def _hankel_coefficients(nu: float, count: int):
@@ -250,6 +243,30 @@ def special_airy_ai(x):
     return torch.where(torch.isinf(x) | torch.isnan(x), NAN, result)
 
 
+def _chebyshev_inside(kind: str, use_w, t, n):
+    """The polynomial of degree ``n`` at x = cos t (|x| < 1)."""
+    if kind == "t":
+        return torch.cos(n * t)
+    if kind == "u":
+        return torch.sin((n + 1) * t) / torch.sin(t)
+    v = torch.cos((n + 0.5) * t) / torch.cos(t / 2)
+    w = torch.sin((n + 0.5) * t) / torch.sin(t / 2)
+    return torch.where(use_w, w, v)
+
+
+def _chebyshev_outside(kind: str, use_w, t, n):
+    """The polynomial of degree ``n`` at x = cosh t (|x| > 1): (e^(m t) +- e^(-m t)) / (2 d), written
+    so it overflows only when the value does."""
+    if kind == "t":
+        m, d, sign_ = n, torch.ones_like(t), 1
+    elif kind == "u":
+        m, d, sign_ = n + 1, torch.sinh(t), -1
+    else:
+        m, d = n + 0.5, torch.where(use_w, torch.sinh(t / 2), torch.cosh(t / 2))
+        sign_ = torch.where(use_w, -1.0, 1.0)
+    return torch.exp(m * t - torch.log(2 * d)) * (1 + sign_ * torch.exp(-2 * m * t))
+
+
 def _chebyshev(kind: str, x, n):
     """T_n, U_n, V_n, W_n for every integer degree at once through their trigonometric forms
     (x = cos t): cos(n t), sin((n+1) t) / sin t, cos((n+1/2) t) / cos(t/2), sin((n+1/2) t) / sin(t/2),
@@ -265,31 +282,11 @@ def _chebyshev(kind: str, x, n):
     yo = torch.where(inside | torch.isinf(y), 2.0, y)
     ti = torch.acos(yi)
     to = torch.acosh(yo)
-
-    def inside_form(t):
-        if kind == "t":
-            return torch.cos(n * t)
-        if kind == "u":
-            return torch.sin((n + 1) * t) / torch.sin(t)
-        v = torch.cos((n + 0.5) * t) / torch.cos(t / 2)
-        w = torch.sin((n + 0.5) * t) / torch.sin(t / 2)
-        return torch.where(use_w, w, v)
-
-    def outside_form(t, n):
-        # (e^(m t) +- e^(-m t)) / (2 d), written so it overflows only when the value does
-        if kind == "t":
-            m, d, sign_ = n, torch.ones_like(t), 1
-        elif kind == "u":
-            m, d, sign_ = n + 1, torch.sinh(t), -1
-        else:
-            m, d = n + 0.5, torch.where(use_w, torch.sinh(t / 2), torch.cosh(t / 2))
-            sign_ = torch.where(use_w, -1.0, 1.0)
-        return torch.exp(m * t - torch.log(2 * d)) * (1 + sign_ * torch.exp(-2 * m * t))
-
+    outside_form = functools.partial(_chebyshev_outside, kind, use_w)
     outside = outside_form(to, n)
     # torch's recurrence P_n = 2x P_(n-1) - P_(n-2) gives inf - inf = nan once P_(n-2) overflowed
     outside = torch.where(torch.isinf(outside_form(to, n - 2)), NAN, outside)
-    value = torch.where(inside, inside_form(ti), outside)
+    value = torch.where(inside, _chebyshev_inside(kind, use_w, ti, n), outside)
     at_one = {"t": torch.ones_like(n), "u": n + 1}.get(kind)
     if at_one is None:
         at_one = torch.where(use_w, 2 * n + 1, 1.0)

@@ -1,7 +1,5 @@
-"""The gamma family (lgamma, digamma, polygamma, Hurwitz zeta) and the incomplete gamma functions.
-
-Written from the mathematics as elementary torch ops, in fixed iteration counts, computing in the
-input's floating dtype (see :mod:`.special_common`)."""
+"""The gamma family (lgamma, digamma, polygamma, Hurwitz zeta) and the incomplete gamma functions. As elementary ops, by the
+rules of :mod:`.special_common`."""
 from __future__ import annotations
 
 import math
@@ -9,16 +7,7 @@ import math
 import torch
 
 from torch_neuronx.neuron_dynamo_backend.faithful.decompositions.special_common import (
-    INF,
-    LOG_2PI_HALF,
-    NAN,
-    abs_sin_pi,
-    as_float,
-    cot_pi,
-    is_int,
-    poly,
-    promotes,
-)
+    INF, LOG_2PI_HALF, NAN, abs_sin_pi, as_float, cot_pi, is_int, poly, promotes)
 from torch_neuronx.neuron_dynamo_backend.faithful.decompositions.special_normal import erfc_positive
 
 
@@ -182,22 +171,36 @@ def _igamma_parts(a, x):
     large a with x near a."""
     use_series = x < a + 1
     log_prefix = a * torch.log(x) - x
-    xs = torch.where(use_series, x, 0.5 * a)
-    term = torch.ones_like(x)
-    total = torch.ones_like(x)
+    series = _igamma_series(a, torch.where(use_series, x, 0.5 * a), log_prefix)
+    fraction = _igamma_fraction(a, torch.where(use_series, a + 1, x), log_prefix)
+    p = torch.where(use_series, series, 1 - fraction)
+    q = torch.where(use_series, 1 - series, fraction)
+    p_temme, q_temme = _igamma_temme(a, x)
+    temme = (a > 20) & (((x - a) / a).abs() < 0.3)
+    return torch.where(temme, p_temme, p), torch.where(temme, q_temme, q)
+
+
+def _igamma_series(a, xs, log_prefix):
+    """P by its series, 64 terms."""
+    term = torch.ones_like(xs)
+    total = torch.ones_like(xs)
     for k in range(1, 64):
         term = term * xs / (a + k)
         total = total + term
-    series = torch.exp(log_prefix - _lgamma_positive(a + 1)) * total
-    # continued fraction, evaluated backwards
-    xc = torch.where(use_series, a + 1, x)
+    return torch.exp(log_prefix - _lgamma_positive(a + 1)) * total
+
+
+def _igamma_fraction(a, xc, log_prefix):
+    """Q by its continued fraction, 40 levels deep, evaluated backwards."""
     depth = 40
     t = xc + 2 * depth + 1 - a
     for k in range(depth, 0, -1):
         t = xc + 2 * k - 1 - a - k * (k - a) / t
-    fraction = torch.exp(log_prefix - _lgamma_positive(a)) / t
-    p = torch.where(use_series, series, 1 - fraction)
-    q = torch.where(use_series, 1 - series, fraction)
+    return torch.exp(log_prefix - _lgamma_positive(a)) / t
+
+
+def _igamma_temme(a, x):
+    """(P, Q) by Temme's uniform asymptotic expansion (large a, x near a)."""
     d = (x - a) / a
     eta2 = 2 * (d - torch.log1p(d))
     eta = torch.sign(d) * torch.sqrt(torch.clamp(eta2, min=0.0))
@@ -215,8 +218,7 @@ def _igamma_parts(a, x):
     half_erfc = 0.5 * erfc_positive(arg.abs())  # the smaller of the two leading terms
     q_temme = torch.where(arg >= 0, half_erfc, 1 - half_erfc) + r
     p_temme = torch.where(arg < 0, half_erfc, 1 - half_erfc) - r
-    temme = (a > 20) & (d.abs() < 0.3)
-    return torch.where(temme, p_temme, p), torch.where(temme, q_temme, q)
+    return p_temme, q_temme
 
 
 def _igamma_domain(a, x, value, lower: bool):

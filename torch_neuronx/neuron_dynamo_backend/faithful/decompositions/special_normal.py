@@ -1,7 +1,5 @@
-"""Error functions and the normal distribution (erfc, erfcx, erfinv, ndtri, log_ndtr), and nextafter.
-
-Written from the mathematics as elementary torch ops, in fixed iteration counts, computing in the
-input's floating dtype (see :mod:`.special_common`)."""
+"""Error functions and the normal distribution (erfc, erfcx, erfinv, ndtri, log_ndtr), and nextafter. As elementary ops, by the
+rules of :mod:`.special_common`."""
 from __future__ import annotations
 
 import math

@@ -183,6 +183,13 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
             out = out / size.clamp(min=1).unsqueeze(-1).to(weight.dtype)
             return out, offset2bag, size, size.clone()
         return out, offset2bag, torch.zeros_like(size), torch.zeros_like(size)
+    out, chosen_rows = _bag_maximum(rows, indices, member, size, zero, weight)
+    return out, offset2bag, size, chosen_rows
+
+
+def _bag_maximum(rows, indices, member, size, zero, weight):
+    """(each bag's maximum per column, the row chosen per column), as embedding_bag's mode 2 gives them."""
+    inside = member.unsqueeze(-1)
     position = torch.arange(indices.shape[0], device=indices.device)
     spread = rows.unsqueeze(0)  # (1, positions, width)
     nan = torch.isnan(spread)
@@ -198,7 +205,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     empty = (size == 0).unsqueeze(-1)
     out = torch.where(empty, zero, out)
     chosen_rows = indices.index_select(0, chosen.clamp(max=indices.shape[0] - 1).reshape(-1)).view(chosen.shape)
-    return out, offset2bag, size, torch.where(empty, 0, chosen_rows)
+    return out, torch.where(empty, 0, chosen_rows)
 
 
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
