@@ -39,7 +39,7 @@ def predictions(plans, cal=None):
             instance, nnodes, lnc = simulator.resolve(plan["instance"], plan["nnodes"], plan["nproc_per_node"],
                                                       plan["lnc"])
             layout = plans_module.Layout(instance, lnc, nnodes, plan["nproc_per_node"])
-            plan = plans_module.recost(plan, layout, instance.chip.core_memory(lnc), "plan.json", cal)
+            plan = plans_module.recost(plan, layout, instance.chip.core_memory(lnc), "plan.json", cal).to_json()
         for key in calibration.FIGURES_OF[run]:
             figure = calibration.FIGURES[key]
             out[key] = calibration.value(figure, calibration.step_seconds(figure, plan["time"]["steps"]))

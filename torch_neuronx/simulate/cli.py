@@ -143,31 +143,31 @@ def recost(args) -> int:
     return report(result, args.out, args.quiet)
 
 
-def report(result: dict, out: str, quiet: bool) -> int:
+def report(result, out: str, quiet: bool) -> int:
     from torch_neuronx.simulate import render
 
     if not quiet:
         sys.stdout.write(render.text(result))
     where = os.path.join(out, "plan.json")
-    if result.get("mode") == "numerics":
-        if not result["numerics"]["ok"]:
+    if result.mode == "numerics":
+        if not result.numerics["ok"]:
             print(f"{PROG}: error: the values differ from one device's ({where})", file=sys.stderr)
             return 1
         print(f"numerics match one device; plan in {where}")
         return 0
-    failed = [r for r in result["ranks"] if "error" in r]
+    failed = [r for r in result.ranks if "error" in r]
     if failed:
         r = failed[0]
         print(f"{PROG}: error: the program failed on rank {r['rank']} at {r['error']['line'] or 'an unknown line'}: "
               f"{r['error']['message']}", file=sys.stderr)
         return 1
-    if result["divergence"]:
-        print(f"{PROG}: error: {result['divergence']['message']}", file=sys.stderr)
+    if result.divergence:
+        print(f"{PROG}: error: {result.divergence['message']}", file=sys.stderr)
         return 1
-    if result["over_capacity"]:
-        o = result["over_capacity"][0]
-        print(f"{PROG}: error: {len(result['over_capacity'])} rank(s) exceed their core's HBM; first rank "
+    if result.over_capacity:
+        o = result.over_capacity[0]
+        print(f"{PROG}: error: {len(result.over_capacity)} rank(s) exceed their core's HBM; first rank "
               f"{o['rank']}, crossed at {o['line'] or o['site']} ({where})", file=sys.stderr)
         return 1
-    print(f"plan holds: {result['world_size']} ranks within HBM, collectives agree; plan in {where}")
+    print(f"plan holds: {result.world_size} ranks within HBM, collectives agree; plan in {where}")
     return 0

@@ -43,7 +43,7 @@ def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc
     if progress is not None and runs < len(records):
         progress(None, None)  # the runs are done; relabelling and costing the rest
     result = plan.build(records, layout, run.capacity, script, argv, time.perf_counter() - start, runs)
-    result["simulation"]["symmetry"] = {
+    result.simulation["symmetry"] = {
         "used": runs < len(records), "jobs": run.jobs,
         "why_every_rank_ran": "--all-ranks" if all_ranks else why,
         "rank0_rank_uses": done[0].rank_uses if 0 in done else [],

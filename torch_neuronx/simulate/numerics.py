@@ -15,6 +15,7 @@ runs each rank's own code).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -90,6 +91,28 @@ def _groups_kept_until_compared():
         dist.destroy_process_group = dist.distributed_c10d.destroy_process_group = original
 
 
+@dataclasses.dataclass
+class NumericsPlan:
+    """A numerics plan (``--numerics``): each compared output's worst difference and rank.
+    :meth:`to_json` is plan.json."""
+
+    script: str
+    args: list
+    instance: str
+    lnc: int
+    nnodes: int
+    nproc_per_node: int
+    world_size: int
+    numerics: dict
+    schema: int = 1
+    mode: str = "numerics"
+
+    def to_json(self) -> dict:
+        """plan.json: the fields, schema and mode first."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
+
+
 def _compared(per_rank: list, ref: torch.Tensor) -> dict:
     """One output's comparison: every rank's value against one device's, and the worst rank."""
     worst, worst_rank, good = 0.0, 0, True
@@ -109,7 +132,7 @@ def _compared(per_rank: list, ref: torch.Tensor) -> dict:
             "max_abs_difference": worst, "worst_rank": worst_rank, "ok": good}
 
 
-def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> dict:
+def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> NumericsPlan:
     from torch.distributed._local_tensor import LocalTensorMode
 
     from torch_neuronx.simulate import world
@@ -133,8 +156,9 @@ def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int,
     if not compared or missing:
         ok = False
     layout = f"{nnodes} x {instance.name}"
-    return {"schema": 1, "mode": "numerics", "script": script, "args": list(argv), "instance": instance.name,
-            "lnc": lnc, "nnodes": nnodes, "nproc_per_node": nproc_per_node, "world_size": size,
-            "numerics": {"ok": ok, "outputs": outputs, "missing": missing, "layout": layout,
-                         "tolerance": f"float32: rtol {RTOL}, atol {ATOL}; other dtypes: torch.testing's defaults",
-                         "elapsed_seconds": time.perf_counter() - start}}
+    return NumericsPlan(
+        script=script, args=list(argv), instance=instance.name, lnc=lnc, nnodes=nnodes,
+        nproc_per_node=nproc_per_node, world_size=size,
+        numerics={"ok": ok, "outputs": outputs, "missing": missing, "layout": layout,
+                  "tolerance": f"float32: rtol {RTOL}, atol {ATOL}; other dtypes: torch.testing's defaults",
+                  "elapsed_seconds": time.perf_counter() - start})

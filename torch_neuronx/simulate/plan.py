@@ -1,4 +1,4 @@
-"""The plan: each rank's peak memory against its core's HBM, its collectives, its time on Trainium
+"""The plan (:class:`Plan`): each rank's peak memory against its core's HBM, its collectives, its time on Trainium
 (compute, launches and collectives, per marked step), and whether the ranks agree on their
 collectives. Built from the ranks' records (:func:`build`), or again from a written plan for
 another instance (:func:`recost`); rendered by :mod:`.render`.
@@ -12,6 +12,7 @@ group's ranks on one side of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter, defaultdict
 
@@ -25,6 +26,39 @@ LINK_ASSUMPTIONS = [
     "a link's bandwidth is shared evenly by the group's ranks that use it; groups running at once on one link "
     "do not slow each other",
 ]
+
+
+@dataclasses.dataclass
+class Plan:
+    """A structure plan (``python -m torch_neuronx.simulate``'s default mode): the job's time, each
+    rank's row (``ranks``: memory, time, collectives), the ranks over their HBM, the process
+    groups, the communication summary, the ranks' disagreement if any (``divergence``), how the
+    simulation ran, and what re-costing needs (``recorded``). :meth:`to_json` is plan.json."""
+
+    script: str
+    args: list
+    instance: str
+    chip: str
+    lnc: int
+    nnodes: int
+    nproc_per_node: int
+    world_size: int
+    capacity_bytes: int
+    time: dict
+    ranks: list
+    over_capacity: list
+    groups: list
+    communication: dict
+    divergence: dict | None
+    simulation: dict
+    recorded: dict
+    schema: int = SCHEMA
+    mode: str = "structure"
+
+    def to_json(self) -> dict:
+        """plan.json: the fields, schema and mode first."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
 
 
 class Layout:
@@ -215,8 +249,8 @@ def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: i
 
 
 def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: float, runs: int,
-          divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> dict:
-    """The plan of ``records`` on ``layout`` (a dict: plan.json), timed with ``cal``. ``divergence``,
+          divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
+    """The plan of ``records`` on ``layout``, timed with ``cal``. ``divergence``,
     when given, is taken as found (re-costing a plan); else the records are checked."""
     profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
     groups = _Groups(layout)
@@ -233,21 +267,20 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     checked = [rec for rec in records if getattr(rec, "relabelled_from", None) is None]
     over = [{"rank": r["rank"], "peak_bytes": r["peak_bytes"], **r["over_capacity"]} for r in ranks
             if "over_capacity" in r]
-    return {
-        "schema": SCHEMA, "mode": "structure", "script": os.path.abspath(script), "args": list(argv),
-        "instance": layout.instance.name, "chip": layout.instance.chip.name, "lnc": layout.lnc,
-        "nnodes": layout.nnodes, "nproc_per_node": layout.nproc, "world_size": len(records),
-        "capacity_bytes": capacity, "time": time_summary(ranks, profile, layout, cal), "ranks": ranks,
-        "over_capacity": over, "groups": groups.rows,
-        "communication": {
+    return Plan(
+        script=os.path.abspath(script), args=list(argv), instance=layout.instance.name,
+        chip=layout.instance.chip.name, lnc=layout.lnc, nnodes=layout.nnodes, nproc_per_node=layout.nproc,
+        world_size=len(records), capacity_bytes=capacity, time=time_summary(ranks, profile, layout, cal),
+        ranks=ranks, over_capacity=over, groups=groups.rows,
+        communication={
             "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
             "seconds": max((r["communication_seconds"] for r in ranks), default=0.0),
             "sources": [layout.instance.links.source], "assumptions": LINK_ASSUMPTIONS,
         },
-        "divergence": divergence if divergence is not None else check_divergence(checked),
-        "simulation": {"elapsed_seconds": elapsed, "script_runs": runs},
-        "recorded": recorded,
-    }
+        divergence=divergence if divergence is not None else check_divergence(checked),
+        simulation={"elapsed_seconds": elapsed, "script_runs": runs},
+        recorded=recorded,
+    )
 
 
 def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Calibration) -> dict:
@@ -272,7 +305,7 @@ def record_json(rec) -> dict:
 
 
 def recost(old: dict, layout: Layout, capacity: int, source: str,
-           cal: time_model.Calibration = time_model.CALIBRATION) -> dict:
+           cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
     """A written plan (plan.json, schema 2) costed again on ``layout``: its ranks' recorded work,
     launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
     the ranks' agreement is instance-independent and kept."""
@@ -308,7 +341,7 @@ def recost(old: dict, layout: Layout, capacity: int, source: str,
         records.append(rec)
     result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
                    divergence=old["divergence"], cal=cal)
-    result["simulation"] = {**old["simulation"], "recosted_from": os.path.abspath(source),
+    result.simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
                             "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})"}
     return result
 

@@ -39,12 +39,12 @@ def _rate(row: dict) -> str:
     return ""
 
 
-def time_lines(plan: dict) -> list[str]:
-    t = plan.get("time") or {}
+def time_lines(plan) -> list[str]:
+    t = plan.time or {}
     if not t:
         return []
-    slow = next((r for r in plan["ranks"] if r["rank"] == t["slowest_rank"]), plan["ranks"][0])
-    out = [f"time on {plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}), an estimate: "
+    slow = next((r for r in plan.ranks if r["rank"] == t["slowest_rank"]), plan.ranks[0])
+    out = [f"time on {plan.nnodes} x {plan.instance} (LNC={plan.lnc}), an estimate: "
            f"{seconds_range(t['step_seconds'])} per run of the program (slowest rank {t['slowest_rank']}: "
            f"compute {format_seconds(slow['compute_seconds'])}, {slow['eager_launches']} eager and "
            f"{slow['graph_launches']} graph launches {seconds_range(slow['launch_seconds'])}, collectives "
@@ -65,25 +65,25 @@ def time_lines(plan: dict) -> list[str]:
     return out
 
 
-def _rank_rows(plan: dict) -> list[tuple[list[int], dict]]:
+def _rank_rows(plan) -> list[tuple[list[int], dict]]:
     """Ranks whose rows would read the same, grouped: (ranks, the first one's entry)."""
     rows: dict[tuple, tuple[list[int], dict]] = {}
-    for r in plan["ranks"]:
-        key = (r["node"] if len(plan["ranks"]) <= 64 else None, r["chip"] if len(plan["ranks"]) <= 64 else None,
+    for r in plan.ranks:
+        key = (r["node"] if len(plan.ranks) <= 64 else None, r["chip"] if len(plan.ranks) <= 64 else None,
                r["peak_bytes"], r["collective_calls"], round(r["communication_seconds"], 12),
                tuple(round(s, 12) for s in r["step_seconds"]), r["fits"])
         rows.setdefault(key, ([], r))[0].append(r["rank"])
     return list(rows.values())
 
 
-def _memory_lines(plan: dict) -> list[str]:
+def _memory_lines(plan) -> list[str]:
     """HBM per rank, the divergence error if any, and each rank over its HBM with where it crossed."""
-    cap = plan["capacity_bytes"]
-    peaks = [r["peak_bytes"] for r in plan["ranks"]]
+    cap = plan.capacity_bytes
+    peaks = [r["peak_bytes"] for r in plan.ranks]
     out = [f"HBM per rank: {format_bytes(cap)}; peak {format_bytes(min(peaks))} to {format_bytes(max(peaks))}"]
-    if plan["divergence"]:
-        out.append("ERROR " + plan["divergence"]["message"])
-    for o in plan["over_capacity"]:
+    if plan.divergence:
+        out.append("ERROR " + plan.divergence["message"])
+    for o in plan.over_capacity:
         where = (f"crossed by a {format_bytes(o['allocation_bytes'])} allocation ({o['op']}) at "
                  f"{o['line'] or o['site'] or 'an unknown line'}" if o["allocation_bytes"] else
                  "where it crossed is not known (re-costed for a smaller HBM: run the simulation to find the line)")
@@ -92,37 +92,37 @@ def _memory_lines(plan: dict) -> list[str]:
     return out
 
 
-def _run_lines(plan: dict) -> list[str]:
+def _run_lines(plan) -> list[str]:
     """How the plan was made (re-costed, which ranks ran) and its process groups."""
     out = []
-    sim = plan.get("simulation", {})
+    sim = plan.simulation
     sym = sim.get("symmetry") or {}
     if sim.get("recosted_from"):
         out.append(f"re-costed from {sim['recosted_from']} (recorded on {sim['recorded_on']}); nothing was run again")
     if sym.get("used"):
-        out.append(f"ran {sim['script_runs']} of {plan['world_size']} ranks (0 and the last): the program never used "
+        out.append(f"ran {sim['script_runs']} of {plan.world_size} ranks (0 and the last): the program never used "
                    f"its rank and the last rank's record is rank 0's with its groups translated; the others are "
                    f"rank 0's relabelled (--all-ranks runs each)")
     elif sym.get("why_every_rank_ran"):
         out.append(f"ran every rank: {sym['why_every_rank_ran']}")
-    out.append("groups: " + "; ".join(f"{g['name']} = ranks {_ranks_shown(g['ranks'])} over {g['link']}" for g in plan["groups"][:12])
-               + (f"; ... {len(plan['groups']) - 12} more" if len(plan["groups"]) > 12 else ""))
+    out.append("groups: " + "; ".join(f"{g['name']} = ranks {_ranks_shown(g['ranks'])} over {g['link']}" for g in plan.groups[:12])
+               + (f"; ... {len(plan.groups) - 12} more" if len(plan.groups) > 12 else ""))
     return out
 
 
-def _rank_table(plan: dict) -> list[str]:
+def _rank_table(plan) -> list[str]:
     """The table of ranks (alike ones on one row), then rank 0's collectives, the largest first."""
-    cap = plan["capacity_bytes"]
+    cap = plan.capacity_bytes
     out = ["", f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
                f"{'time per run':>21}"]
     for members, r in _rank_rows(plan):
-        spread = len(members) > 1 and len(plan["ranks"]) > 64  # a row of ranks on several nodes and chips
+        spread = len(members) > 1 and len(plan.ranks) > 64  # a row of ranks on several nodes and chips
         out.append(f"{id_ranges(members):>11} {'-' if spread else r['node']:>4} {'-' if spread else r['chip']:>4} "
                    f"{format_bytes(r['peak_bytes']):>11} "
                    f"{100 * r['peak_bytes'] / cap:>6.1f}% {r['collective_calls']:>11} "
                    f"{format_seconds(r['communication_seconds']):>10} {seconds_range(r['step_seconds']):>21}"
                    + ("" if r["fits"] else "  OVER"))
-    first = plan["ranks"][0] if plan["ranks"] else None
+    first = plan.ranks[0] if plan.ranks else None
     if first:
         counted = Counter()
         for c in first["collectives"]:
@@ -133,26 +133,26 @@ def _rank_table(plan: dict) -> list[str]:
     return out
 
 
-def text(plan: dict) -> str:
-    out = [f"neuron plan: {os.path.basename(plan['script'])} as {plan['world_size']} ranks on "
-           f"{plan['nnodes']} x {plan['instance']} (LNC={plan['lnc']}, {plan['nproc_per_node']} ranks per node)"]
-    if plan.get("mode") == "numerics":
+def text(plan) -> str:
+    out = [f"neuron plan: {os.path.basename(plan.script)} as {plan.world_size} ranks on "
+           f"{plan.nnodes} x {plan.instance} (LNC={plan.lnc}, {plan.nproc_per_node} ranks per node)"]
+    if plan.mode == "numerics":
         out.append(numerics_text(plan))
         return "\n".join(out) + "\n"
     out += time_lines(plan) + _memory_lines(plan) + _run_lines(plan) + _rank_table(plan)
-    t = plan.get("time") or {}
+    t = plan.time or {}
     out += ["", "how the time is estimated: " + " ".join(t.get("assumptions", [])),
             "what moves it: " + "; ".join(CHOICES),
-            "sources: " + "; ".join(t.get("sources", plan["communication"]["sources"])),
-            "not modelled: " + "; ".join(plan["communication"]["assumptions"]),
+            "sources: " + "; ".join(t.get("sources", plan.communication["sources"])),
+            "not modelled: " + "; ".join(plan.communication["assumptions"]),
             "cannot see: real link timing and contention, EFA and placement-group setup, the compiler's scheduling "
             "inside a NEFF, the compiler's NEFFs and their memory, the runtime's own buffers beyond its fixed "
             "reservation"]
     return "\n".join(out) + "\n"
 
 
-def numerics_text(plan: dict) -> str:
-    num = plan["numerics"]
+def numerics_text(plan) -> str:
+    num = plan.numerics
     lines = [f"numerics: {'PASS' if num['ok'] else 'FAIL'} against one device ({num['tolerance']})"]
     for name, row in num["outputs"].items():
         lines.append(f"  {name}: max |difference| over ranks {row['max_abs_difference']:.3g} "
@@ -160,16 +160,16 @@ def numerics_text(plan: dict) -> str:
     return "\n".join(lines)
 
 
-def page(plan: dict) -> str:
+def page(plan) -> str:
     """A self-contained HTML page of the plan (no scripts, no external files)."""
     e = html.escape
-    body = [f"<h1>Neuron plan: {e(os.path.basename(plan['script']))}</h1>"]
-    if plan.get("mode") != "numerics" and plan.get("time"):
+    body = [f"<h1>Neuron plan: {e(os.path.basename(plan.script))}</h1>"]
+    if plan.mode != "numerics" and plan.time:
         body.append("<h2>Time</h2><ul>" + "".join(f"<li>{e(line.strip())}</li>" for line in time_lines(plan))
                     + "</ul>")
     body.append(f"<pre>{e(text(plan))}</pre>")
-    if plan.get("mode") != "numerics":
-        cap = plan["capacity_bytes"]
+    if plan.mode != "numerics":
+        cap = plan.capacity_bytes
         rows = "".join(
             f"<tr class='{'over' if not r['fits'] else ''}'><td>{e(id_ranges(members))}</td><td>{r['node']}</td>"
             f"<td>{r['chip']}</td><td>{e(format_bytes(r['peak_bytes']))}</td><td><div class='bar'><div style='width:"
@@ -187,7 +187,7 @@ def page(plan: dict) -> str:
             f"</head><body>{''.join(body)}</body></html>\n")
 
 
-def write(plan: dict, out_dir: str) -> str:
-    outputs.write_files(out_dir, {"plan.json": json.dumps(plan, indent=1), "plan.txt": text(plan),
+def write(plan, out_dir: str) -> str:
+    outputs.write_files(out_dir, {"plan.json": json.dumps(plan.to_json(), indent=1), "plan.txt": text(plan),
                                   "plan.html": page(plan)})
     return out_dir
