@@ -19,7 +19,7 @@ from torch_neuronx import neuron_dynamo_backend as backend
 from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend import faithful as front_end
 from torch_neuronx.neuron_dynamo_backend.faithful import lowering
-from torch_neuronx.neuron_dynamo_backend.faithful import xla_program
+from torch_neuronx.neuron_dynamo_backend.executors import xla_program
 
 from helpers import isolated
 from helpers.oracle import assert_same, inductor_on_cpu
@@ -665,14 +665,14 @@ def test_every_graph_of_a_cnn_trained_with_an_optimizer_is_listed_with_its_kind(
 def test_a_lowering_check_that_stops_after_the_forward_says_so(collect, monkeypatch):
     """An error that is no lowering failure, after the forward lowered: the report says the check
     stopped and that the backward was not lowered, never that the graph lowered."""
-    lower = front_end._lower
+    lower = front_end.lower_shaped
 
     def backward_breaks(shaped, settings, kind):
         if kind == "backward":
             raise RuntimeError("the lowering worker died")
         return lower(shaped, settings, kind)
 
-    monkeypatch.setattr(front_end, "_lower", backward_breaks)
+    monkeypatch.setattr(front_end, "lower_shaped", backward_breaks)
     w = torch.randn(8, 8).to(N).requires_grad_()
     torch.compile(lambda t: (t @ w).sum(), backend="neuron")(torch.randn(2, 8).to(N)).backward()
     report = collect()

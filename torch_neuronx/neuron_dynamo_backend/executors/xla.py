@@ -1,15 +1,153 @@
 """The ``xla`` executor: the host graph compiled TorchNeuron's way (AOTAutograd with its
-decompositions, torch-mlir, StableHLO and its semantic pass: ``faithful/``) and run by XLA:CPU."""
+decompositions, torch-mlir, StableHLO and its semantic pass: the front end in ``faithful/``),
+the program compiled by XLA:CPU (:mod:`.xla_program`) and kept in the compile cache.
+"""
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+import functools
+import time
+from typing import Any, Callable
+
+import torch
 
 from torch_neuronx.neuron_dynamo_backend import faithful
-from torch_neuronx.neuron_dynamo_backend.config import CompileSettings
+from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
+from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifacts_preserved
+from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
+from torch_neuronx.neuron_dynamo_backend.executors import xla_program
+from torch_neuronx.neuron_dynamo_backend.faithful import decompositions, lowering
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
+from torch_neuronx.version import __version__
+
+EXECUTOR_FORMAT = "2"  # bump when what is cached for the xla executor changes
 
 
 def compile_graph(host: HostGraph, settings: CompileSettings, metrics: GraphMetrics) -> tuple[Callable, bool]:
     """(the compiled graph, False: its programs live in the compile cache, not in Dynamo's package)."""
-    return faithful.compile_for_xla(host, settings, metrics), False
+    return _compile(host, settings, metrics), False
+
+
+@dataclasses.dataclass
+class CompileStats:
+    """What compiling one Dynamo graph cost, over its AOTAutograd graphs."""
+    graphs: int = 0
+    hits: int = 0
+    lower_s: float = 0.0
+    compile_s: float = 0.0
+    # The Dynamo graph's metrics record: a backward graph, compiled at the first backward call
+    # after the record was filled in, adds its own lowering and compile time to it.
+    metrics: Any = None
+
+
+def _key(gm: torch.fx.GraphModule, example_inputs) -> str:
+    import jax
+    import torch_mlir
+
+    inputs = [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
+              for t in example_inputs]
+    # The graph without its source comments (the program does not depend on where it was written),
+    # and the values of its tensor constants (it does depend on those).
+    code = "\n".join(line for line in gm.print_readable(print_output=False, include_stride=True).splitlines()
+                     if not line.strip().startswith("#"))
+    constants = [repr(getattr(gm, n.target).tolist()) for n in gm.graph.find_nodes(op="get_attr")
+                 if isinstance(getattr(gm, n.target, None), torch.Tensor)]
+    # XLA:CPU compiles for this host's CPU: an executable is only reloaded on the same kind of CPU.
+    return neff_cache.cache_key(code, repr(constants), repr(inputs), "xla",
+                                EXECUTOR_FORMAT, torch.__version__, __version__, jax.__version__,
+                                getattr(torch_mlir, "__version__", "torch-mlir"),
+                                ",".join(xla_program.DISABLED_XLA_PASSES), isa_probe.cpu_description())
+
+
+def _program(shaped: faithful.Shaped, example_inputs, settings: CompileSettings, stats: CompileStats,
+             kind: str) -> xla_program.XlaProgram:
+    """The XLA program of a shaped graph: from the compile cache, or lowered and compiled (and stored)."""
+    cache = neff_cache.get_cache()
+    key = _key(shaped.gm, example_inputs)
+    with cache.compile_lock(key):
+        payload = cache.get(key)
+        if payload is not None:
+            try:
+                start = time.perf_counter()
+                program, stablehlo, op_counts = xla_program.deserialize(payload)
+                stats.hits += 1
+                stats.compile_s += time.perf_counter() - start
+                if artifacts_preserved():
+                    faithful.lower_shaped(shaped, settings, kind)  # the artifacts want every stage of the lowering itself
+                elif settings.on_lowered is not None:  # the report wants what the entry recorded
+                    settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,
+                                                              program.input_dtypes, 0.0), 0.0, kind)
+                return program
+            except Exception as error:  # noqa: BLE001 - a bad entry is recompiled, never fatal
+                import warnings
+
+                warnings.warn(f"[NEFF_CACHE] could not load compile cache entry {key} ({error!r}); recompiling",
+                              RuntimeWarning, stacklevel=2)
+        lowered = faithful.lower_shaped(shaped, settings, kind)
+        stats.lower_s += lowered.seconds
+        start = time.perf_counter()
+        program = xla_program.compile_program(lowered.stablehlo, lowered.input_dtypes, shaped.result_dtypes)
+        stats.compile_s += time.perf_counter() - start
+        cache.record_compilation()
+        if cache.enabled:
+            cache.put(key, xla_program.serialize(program, lowered.stablehlo, lowered.op_counts))
+        return program
+
+
+def _runner(shaped: faithful.Shaped, program: xla_program.XlaProgram) -> Callable:
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    kept = shaped.results - len(shaped.none_results)
+
+    def run(*args):
+        results = program(args)
+        for index, value in zip(shaped.mutated_inputs, results[kept:]):
+            args[index].copy_(value)
+        outputs = iter(results[:kept])
+        return [None if i in shaped.none_results else next(outputs) for i in range(shaped.results)]
+
+    return make_boxed_func(faithful.outside_dynamo(run))
+
+
+def _compile(host: HostGraph, settings: CompileSettings, metrics: GraphMetrics) -> Callable:
+    """The ``xla`` executor: the host graph compiled TorchNeuron's way and run by XLA:CPU. Lowering
+    and compile times go to ``metrics``, the backward graph's when it compiles at the first backward."""
+    start = time.perf_counter()
+    stats = CompileStats()
+    compiled = _compile_with_aot(host.gm, host.inputs, settings, stats)
+    metrics.lower_us = stats.lower_s * 1e6
+    metrics.compile_us = (time.perf_counter() - start - stats.lower_s) * 1e6
+    metrics.cache = "hit" if stats.graphs and stats.hits == stats.graphs else "miss"
+    stats.metrics = metrics
+    return compiled
+
+
+def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings,
+                      stats: CompileStats) -> Callable:
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    lowering.require_torch_mlir()
+    xla_program.require_jax()
+
+    def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
+        faithful.hand_over_backward(settings, aot_gm, aot_inputs, kind)
+        stats.graphs += 1
+        shaped = faithful.shape_for_lowering(aot_gm)
+        lower_s, compile_s = stats.lower_s, stats.compile_s
+        try:
+            program = _program(shaped, aot_inputs, settings, stats, kind)
+        except lowering.LoweringError as error:  # a backward graph is compiled at the first backward
+            raise NEFFCompilationError(str(error)) from error
+        if stats.metrics is not None and stats.graphs > 1:
+            stats.metrics.lower_us += (stats.lower_s - lower_s) * 1e6
+            stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
+        return _runner(shaped, program)
+
+    # TorchNeuron hands AOTAutograd one compiler for every graph; each is named by its kind here.
+    compilers = {kind: faithful.outside_dynamo(functools.partial(compile_one, kind=kind)) for kind in faithful.GRAPH_KINDS}
+    with decompositions.attention_as_math():
+        return aot_module_simplified(decompositions.attention_as_on_neuron(faithful.copy_graph(gm)), example_inputs,
+                                     fw_compiler=compilers["forward"],
+                                     bw_compiler=compilers["backward"], inference_compiler=compilers["inference"],
+                                     decompositions=decompositions.decomposition_table(), keep_inference_input_mutations=True)

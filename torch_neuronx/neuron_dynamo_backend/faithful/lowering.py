@@ -4,7 +4,7 @@ The stages are TorchNeuron's: torch-mlir's ``FxImporter`` turns the graph into t
 (``import``), torch-mlir's pipeline takes it to the torch backend IR (``torch-backend``: shape and
 dtype refinement, torch-mlir's own decompositions) and then to StableHLO (``stablehlo``); then
 TorchNeuron's semantic pass runs on the StableHLO module (:mod:`.stablehlo_passes`). neuronx-cc
-would take the result; here XLA:CPU can run it (:mod:`.xla_program`).
+would take the result; here XLA:CPU can run it (``executors/xla_program.py``).
 
 Every op keeps its source location (the user's file and line, from the FX node's stack trace).
 A graph that does not lower raises :class:`LoweringError` naming the op, the stage and that line.

@@ -3,7 +3,7 @@ compiled by XLA:CPU (through jax's CPU client) instead.
 
 Inputs reach XLA without a copy when their layout is compact (DLPack); results come back through
 DLPack and are adopted by neuron as they are. The program computes float64 as float32
-(:mod:`.stablehlo_passes`): float64 inputs are narrowed before the call and float64 results come
+(``faithful/stablehlo_passes.py``): float64 inputs are narrowed before the call and float64 results come
 back as float64 tensors holding float32 values, as on Trainium.
 
 XLA's algebraic simplifier is turned off: it rewrites floating-point expressions by the rules of
