@@ -59,17 +59,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
 
 
 def _severity(value: str) -> str | None:
-    """The severity to fail on (None: fail nothing), or a usage error naming the accepted ones."""
+    """The severity to fail on (None: fail nothing), or a usage error naming the accepted ones. Asked
+    for, the plugin observes: importing the diagnostics (and torch) is due now."""
+    from torch_neuronx.diagnostics import gate
+
     source = OPTION
     if value == "":
         value, source = os.environ.get(FAIL_ON_ENV, "") or DEFAULT, FAIL_ON_ENV
-    value = value.strip().lower()
-    if value == NEVER:
-        return None
-    if value not in SEVERITIES:
-        raise pytest.UsageError(f"{source}={value!r} is not a severity: use one of {', '.join(SEVERITIES)} "
-                                f"(each fails on that severity and worse ones), or {NEVER}")
-    return value
+    try:
+        return gate.threshold(value, source)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,6 +87,10 @@ def _finding_line(row: dict) -> str:
     return f"{row['severity']} [{row['kind']}] {_place(row)}  {row.get('code') or ''}".rstrip()
 
 
+def _explained(row: dict) -> str:
+    return f"{_finding_line(row)}\n    {row['meaning']}\n    fix: {row['fix']}"
+
+
 class ReadinessObserver:
     """Marks where each test phase starts and hands the findings made since to the phase's report.
     The collection starts at the first setup, in the process that runs tests (never in xdist's
@@ -94,11 +98,16 @@ class ReadinessObserver:
 
     def __init__(self, severity: str | None) -> None:
         self.severity = severity
-        self.worse_than = None if severity is None else SEVERITIES[:SEVERITIES.index(severity) + 1]
         self.diagnostics = None  # torch_neuronx.diagnostics, imported when the first test starts
         self.since = None  # the mark the running phase's findings are counted from
         self.seen: dict[str, dict] = {}  # fingerprint -> the row and the tests it was found in
         self.failed: list[str] = []  # node ids of the phases failed for their findings
+
+    def _failing(self, rows: list[dict]) -> list[dict]:
+        """The rows at or above the severity the run fails on."""
+        from torch_neuronx.diagnostics import gate
+
+        return gate.at_or_worse(rows, self.severity) if self.severity else []
 
     def _mark(self) -> None:
         if self.diagnostics is None:
@@ -127,24 +136,23 @@ class ReadinessObserver:
         # On the item too, as record_property does: JUnit XML writes the properties of the last report.
         item.user_properties.extend(properties)
         report.user_properties.extend(properties)
-        report.sections.append((f"{SECTION} ({call.when})", "\n".join(
-            f"{_finding_line(row)}\n    {row['meaning']}\n    fix: {row['fix']}" for row in rows)))
-        failing = [row for row in rows if self.worse_than and row["severity"] in self.worse_than]
+        report.sections.append((f"{SECTION} ({call.when})", "\n".join(map(_explained, rows))))
+        failing = self._failing(rows)
         if failing and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n".join(
                 [f"neuron readiness: {len(failing)} finding{'s' if len(failing) > 1 else ''} of "
                  f"{self.severity} or worse in this test's {call.when} (pytest {OPTION}={self.severity}):"]
-                + [f"  {_finding_line(row)}\n    {row['meaning']}\n    fix: {row['fix']}" for row in failing])
+                + ["  " + _explained(row) for row in failing])
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Gathered from every report (under xdist, from the workers'), for the summary."""
-        for row in getattr(report, REPORT_ATTRIBUTE, None) or ():
+        rows = getattr(report, REPORT_ATTRIBUTE, None) or []
+        for row in rows:
             entry = self.seen.setdefault(row["fingerprint"], {"row": row, "tests": []})
             if report.nodeid not in entry["tests"]:
                 entry["tests"].append(report.nodeid)
-        if report.failed and any(self.worse_than and row["severity"] in self.worse_than
-                                 for row in getattr(report, REPORT_ATTRIBUTE, None) or ()):
+        if report.failed and self._failing(rows):
             self.failed.append(report.nodeid)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
