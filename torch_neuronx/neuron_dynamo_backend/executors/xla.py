@@ -5,7 +5,6 @@ the program compiled by XLA:CPU (:mod:`.xla_program`) and kept in the compile ca
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any, Callable
 
@@ -16,7 +15,7 @@ from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
 from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifacts_preserved
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend.executors import xla_program
-from torch_neuronx.neuron_dynamo_backend.faithful import decompositions, lowering
+from torch_neuronx.neuron_dynamo_backend.faithful import lowering
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
 from torch_neuronx.version import __version__
@@ -73,8 +72,8 @@ def _program(shaped: faithful.Shaped, example_inputs, settings: CompileSettings,
                 program, stablehlo, op_counts = xla_program.deserialize(payload)
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
-                if artifacts_preserved():
-                    faithful.lower_shaped(shaped, settings, kind)  # the artifacts want every stage of the lowering itself
+                if artifacts_preserved():  # the artifacts want every stage of the lowering itself
+                    faithful.lower_shaped(shaped, settings, kind)
                 elif settings.on_lowered is not None:  # the report wants what the entry recorded
                     settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,
                                                               program.input_dtypes, 0.0), 0.0, kind)
@@ -125,8 +124,6 @@ def _compile(host: HostGraph, settings: CompileSettings, metrics: GraphMetrics) 
 
 def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings,
                       stats: CompileStats) -> Callable:
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     lowering.require_torch_mlir()
     xla_program.require_jax()
 
@@ -144,10 +141,4 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
             stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
         return _runner(shaped, program)
 
-    # TorchNeuron hands AOTAutograd one compiler for every graph; each is named by its kind here.
-    compilers = {kind: faithful.outside_dynamo(functools.partial(compile_one, kind=kind)) for kind in faithful.GRAPH_KINDS}
-    with decompositions.attention_as_math():
-        return aot_module_simplified(decompositions.attention_as_on_neuron(faithful.copy_graph(gm)), example_inputs,
-                                     fw_compiler=compilers["forward"],
-                                     bw_compiler=compilers["backward"], inference_compiler=compilers["inference"],
-                                     decompositions=decompositions.decomposition_table(), keep_inference_input_mutations=True)
+    return faithful.through_aot(gm, example_inputs, compile_one, wrap=faithful.outside_dynamo)

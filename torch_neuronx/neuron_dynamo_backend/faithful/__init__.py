@@ -11,6 +11,7 @@ after the call, and ``None`` results (gradients nobody needs) are dropped and re
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -88,13 +89,30 @@ def outside_dynamo(function: Callable) -> Callable:
     return torch._dynamo.disable(function, reason="torch_neuronx runs its compiled programs outside Dynamo")
 
 
+def through_aot(gm: torch.fx.GraphModule, example_inputs, compile_one: Callable, wrap: Callable | None = None,
+                backward_now: bool = False) -> Callable:
+    """AOTAutograd over a copy of ``gm`` as TorchNeuron runs it (its decomposition table, attention as
+    it dispatches on a NeuronCore): ``compile_one(aot_gm, aot_inputs, kind)`` for each graph, made by
+    ``wrap`` when given; ``backward_now`` makes the backward graph now, not at the first backward call.
+    AOTAutograd's callable of the whole."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    # TorchNeuron hands AOTAutograd one compiler for every graph; each is named by its kind here.
+    compilers = {kind: (wrap or (lambda f: f))(functools.partial(compile_one, kind=kind)) for kind in GRAPH_KINDS}
+    eager_backward = (torch._functorch.config.patch(force_non_lazy_backward_lowering=True) if backward_now
+                      else contextlib.nullcontext())
+    with attention_as_math(), eager_backward:
+        return aot_module_simplified(attention_as_on_neuron(copy_graph(gm)), example_inputs,
+                                     fw_compiler=compilers["forward"], bw_compiler=compilers["backward"],
+                                     inference_compiler=compilers["inference"], decompositions=decomposition_table(),
+                                     keep_inference_input_mutations=True)
+
+
 def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings) -> None:
     """Lower every graph AOTAutograd makes of ``gm`` the way TorchNeuron would (the forward and the
     backward of a graph that trains, else the inference graph), for the report and the artifacts
     only: each result goes to ``settings.on_lowered``; nothing is compiled or run. The backward is
     lowered now, not at the first backward call."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
         hand_over_backward(settings, aot_gm, aot_inputs, kind)
         try:
@@ -103,12 +121,7 @@ def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: Comp
             pass  # reported through on_lowered
         return aot_gm.forward
 
-    compilers = {kind: functools.partial(lower_one, kind=kind) for kind in GRAPH_KINDS}
-    with attention_as_math(), torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-        aot_module_simplified(attention_as_on_neuron(copy_graph(gm)), example_inputs,
-                              fw_compiler=compilers["forward"], bw_compiler=compilers["backward"],
-                              inference_compiler=compilers["inference"], decompositions=decomposition_table(),
-                              keep_inference_input_mutations=True)
+    through_aot(gm, example_inputs, lower_one, backward_now=True)
 
 
 def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
