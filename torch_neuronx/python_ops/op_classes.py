@@ -118,13 +118,13 @@ def op_kind(name: str) -> str:
     """What TorchNeuron does with an op, by name ('aten::add.Tensor', 'aten::add'): "device" (a
     NeuronCore kernel), "host" (it runs on the CPU), "move" (memory, not computation), "dropout",
     "collective". The diagnostics read it to tell which rules an observed call meets."""
-    namespace, _, rest = name.partition("::")
-    packet_name, _, overload = rest.partition(".")
+    overload = op_overload(name)
     try:
-        packet = getattr(getattr(torch.ops, namespace), packet_name)
-        return kind_of(getattr(packet, overload or "default"))
+        if overload is not None:
+            return kind_of(overload)
     except (AttributeError, RuntimeError):
-        return "collective" if namespace == "c10d" else "device"
+        pass
+    return "collective" if name.partition("::")[0] == "c10d" else "device"
 
 
 @functools.lru_cache(maxsize=None)
