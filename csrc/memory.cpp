@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <mutex>
 #include <pthread.h>
@@ -41,6 +42,44 @@ void check_usable(c10::DeviceIndex index) {
 
 DeviceMemoryStats g_stats[kMaxDevices];
 
+// The emulated device lives in host RAM, and Linux overcommits: a block the host cannot back is
+// granted, then the OOM killer ends the process when its pages are touched. So before a large
+// block, ask the kernel what it can still give (MemAvailable, capped by a cgroup v2 limit) and
+// raise a clear error instead. Small blocks are not checked: the read costs microseconds.
+constexpr size_t kHostCheckBytes = size_t{64} << 20;
+constexpr int64_t kHostHeadroomBytes = int64_t{256} << 20;
+
+int64_t read_first_number(const char* path, const char* key) {
+  std::ifstream file(path);
+  std::string word;
+  while (file >> word) {
+    if (key == nullptr || word == key) {
+      if (key != nullptr) file >> word;
+      try {
+        return std::stoll(word);
+      } catch (const std::exception&) {
+        return -1;  // "max": no limit
+      }
+    }
+  }
+  return -1;
+}
+
+// Bytes the host can still give this process, or -1 when unknown.
+int64_t host_available_bytes() {
+  int64_t available = read_first_number("/proc/meminfo", "MemAvailable:");
+  if (available >= 0) available *= 1024;
+  const int64_t limit = read_first_number("/sys/fs/cgroup/memory.max", nullptr);
+  const int64_t current = read_first_number("/sys/fs/cgroup/memory.current", nullptr);
+  if (limit >= 0 && current >= 0) {
+    const int64_t room = std::max<int64_t>(limit - current, 0);
+    available = available < 0 ? room : std::min(available, room);
+  }
+  return available;
+}
+
+std::string host_shortfall(size_t nbytes);
+
 // A header in front of each block keeps size and device without a second malloc.
 constexpr size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned, as CPU tensors are
 struct BlockHeader {
@@ -63,6 +102,13 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     // Counted first: an allocation beyond the emulated capacity never touches host memory.
     record_alloc(index, static_cast<int64_t>(nbytes));
     mark_initialized();
+    if (nbytes >= kHostCheckBytes) {
+      const std::string shortfall = host_shortfall(nbytes);
+      if (!shortfall.empty()) {
+        record_free(index, static_cast<int64_t>(nbytes));
+        raise_out_of_memory(index, static_cast<int64_t>(nbytes), shortfall.c_str());
+      }
+    }
     void* base = nullptr;
     try {
       base = c10::alloc_cpu(nbytes + kHeaderBytes);
@@ -213,6 +259,14 @@ std::string format_size(int64_t nbytes) {
   return text;
 }
 
+// Empty when the host can back ``nbytes`` more; else what it lacks, for the error.
+std::string host_shortfall(size_t nbytes) {
+  const int64_t available = host_available_bytes();
+  if (available < 0 || static_cast<int64_t>(nbytes) + kHostHeadroomBytes <= available) return {};
+  return "the host has " + format_size(available) + " available and keeps " + format_size(kHostHeadroomBytes) +
+         " for everything else";
+}
+
 [[noreturn]] void raise_out_of_memory(c10::DeviceIndex index, int64_t nbytes, const char* host_error) {
   auto& s = memory_stats(index);
   s.num_ooms.fetch_add(1, std::memory_order_relaxed);
@@ -236,7 +290,8 @@ std::string format_size(int64_t nbytes) {
   message << "Of the allocated memory " << format_size(allocated) << " is allocated by PyTorch. ";
   if (host_error != nullptr) {
     message << "The host itself ran out of memory first (" << host_error
-            << "): the emulated device lives in host RAM, so free host memory or use smaller tensors.";
+            << "): the emulated device lives in host RAM, so free host memory (other processes, CPU copies "
+               "of the model), run fewer ranks on this host, or use smaller tensors.";
   } else {
     message << "Free tensors you no longer need, use a smaller batch or bfloat16, or shard the model "
                "over more NeuronCores (FSDP, tensor parallel). To emulate a device with more memory, "
