@@ -20,7 +20,7 @@ mesh = DeviceMesh("neuron", list(range(dist.get_world_size())))
 device = torch.neuron.current_device()
 parallel_config = TensorParallelConfig(mesh=mesh)
 
-source, dtype = model_source(args.model)
+source, dtype = model_source(args.model, sharded=("transformer",))  # checks this host can hold every rank
 torch.manual_seed(args.seed)  # every rank draws the same latents
 transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype,
                                                       parallel_config=parallel_config)

@@ -16,30 +16,13 @@ import tempfile
 
 import torch
 
+from torch_neuronx.demo import real_size
+from torch_neuronx.demo.tokenizer import byte_level_tokenizer
+from torch_neuronx.runtime import host_memory
+from torch_neuronx.runtime.units import format_bytes
+
 REAL_MODEL = "black-forest-labs/FLUX.2-klein-4B"
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
-# Qwen3's chat template, reduced to what the pipeline uses (it asks for enable_thinking=False).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 TEXT_HIDDEN = 32
-
-
-def byte_level_tokenizer():
-    """A Qwen2 fast tokenizer over the 256 byte symbols (no merges) and Qwen3's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import Qwen2TokenizerFast
-
-    vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab.update({token: len(vocab) + i for i, token in enumerate(SPECIAL_TOKENS)})
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = Qwen2TokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   unk_token=None, additional_special_tokens=list(SPECIAL_TOKENS[1:]))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def tiny_flux2_klein(seed: int = 0):
@@ -105,15 +88,22 @@ def _check_local_model(path: str) -> None:
             "writes them). Leave --model out to use the small pipeline built in code.")
 
 
-def model_source(model: str | None) -> tuple[str, torch.dtype]:
-    """What to pass to ``Flux2KleinPipeline.from_pretrained``: (path or hub id, dtype)."""
+def model_source(model: str | None, sharded: tuple[str, ...] = ()) -> tuple[str, torch.dtype]:
+    """What to pass to ``Flux2KleinPipeline.from_pretrained``: (path or hub id, dtype). A checkpoint
+    on disk is first checked against this host's memory, for as many processes of the program as
+    torchrun starts here, each holding its share of the ``sharded`` components and all of the rest."""
     if model is None:
         return tiny_flux2_klein_path(), torch.float32
+    if model == real_size.NAME:
+        path = real_size.real_size_random_path()
+        check_fits_host(path, sharded)
+        return path, torch.bfloat16
     looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
     if os.path.exists(model) or not looks_like_hub_id:
         if not os.path.isdir(model):
             raise ModelNotFoundError(f"--model {model}: no such directory, and not a hub id like {REAL_MODEL}.")
         _check_local_model(model)
+        check_fits_host(model, sharded)
         return model, torch.bfloat16
     try:  # a hub id: only from the local cache, since there may be no network
         from huggingface_hub import snapshot_download
@@ -124,15 +114,42 @@ def model_source(model: str | None) -> tuple[str, torch.dtype]:
             f"--model {model}: not in the local Hugging Face cache ({type(error).__name__}). Download it first "
             f"(`huggingface-cli download {model}`) or pass a local directory.") from error
     _check_local_model(path)
+    check_fits_host(path, sharded)
     return path, torch.bfloat16
+
+
+def _component_bytes(path: str) -> dict[str, int]:
+    """The bytes of each component's weight files: what a process holds once it is loaded."""
+    sizes = {}
+    for component in sorted(os.listdir(path)):
+        folder = os.path.join(path, component)
+        if os.path.isdir(folder):
+            sizes[component] = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder)
+                                   for f in files if f.endswith((".safetensors", ".bin")))
+    return sizes
+
+
+def check_fits_host(path: str, sharded: tuple[str, ...] = ()) -> None:
+    """Raise HostMemoryError before loading when the processes of this host cannot all hold their part."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    sizes = _component_bytes(path)
+    per_process = sum(size // world if name in sharded else size for name, size in sizes.items())
+    parts = ", ".join(f"{name} {format_bytes(size)}" + (f" / {world} ranks" if name in sharded else "")
+                      for name, size in sizes.items() if size)
+    host_memory.require(processes * per_process,
+                        f"loading {path} ({parts}) in {processes} process(es) on this host",
+                        "run fewer processes on this host (torchrun --nproc_per_node), shard more of the model, "
+                        "use a host with more memory, or leave --model out for the small pipeline")
 
 
 def argument_parser(description: str) -> argparse.ArgumentParser:
     """The options every seed program takes; the defaults are the seed's."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", metavar="PATH_OR_HUB_ID",
-                        help=f"a Flux2-Klein checkpoint (e.g. {REAL_MODEL}, from the local cache) in bf16; "
-                             "default: a small pipeline built in code")
+                        help=f"a Flux2-Klein checkpoint (e.g. {REAL_MODEL}, from the local cache) in bf16, or "
+                             f"{real_size.NAME} (that model's configs with random weights, built in code and "
+                             "saved once, 16 GB); default: a small pipeline built in code")
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=4, help="num_inference_steps")
