@@ -1,0 +1,284 @@
+"""FLUX.2-klein-4B at its real size (random weights, bf16: torch_neuronx.demo.real_size) on this host,
+against plain PyTorch on the same machine: eager, compiled and tensor parallel.
+
+Each part runs in a fresh child process of its own, so its memory peaks are its own:
+- eager: ``from_pretrained`` then ``.to("neuron")``, each with its time and memory peaks, then the
+  seed's call on neuron and on CPU, interleaved round by round. The CPU pipeline is a twin over the
+  neuron pipeline's bytes (CPU aliases, no copy), so both run on the very same weights and the host
+  holds them once. Per phase (prompt encoding, each denoising step, the VAE decode): the median of
+  the per-round ratios neuron / CPU.
+- compiled: the same, with the neuron transformer compiled by ``backend="neuron"`` and the twin's by
+  Inductor (both fullgraph, static shapes; empty caches): each one's compile (first call), then the
+  per-round ratios.
+- tp: torchrun with N ranks on this host, each loading its shard of the real transformer straight
+  from the checkpoint (``parallel_config``) and running one transformer step; per rank its peak
+  memory against its shard plus the replicated parts, then one CPU process runs the same step on
+  the whole transformer, the oracle of rank 0's output.
+- large: the seed's call at 1024x1024 with 4 steps, once on neuron and once on CPU (measured).
+
+Memory: the anonymous peak (what the process owns) and the resident peak (VmHWM), which also
+counts pages of the checkpoint files the loaders map, the kernel's reclaimable page cache.
+
+    python benchmarks/bench_real_size.py [--json PATH] [--parts eager,compiled,tp,large] [--size 256]
+        [--steps 1] [--rounds 3] [--ranks 4]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import common  # beside this script (sys.path[0])
+
+common.apply_malloc_env()
+
+import targets  # noqa: E402
+
+PARTS = ("eager", "compiled", "tp", "large")
+CHILD_MARK = "BENCH_REAL_SIZE_RESULT "
+CHILD_TIMEOUT_S = 3600
+
+
+def _child_env(cache_dir):
+    env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=os.path.join(cache_dir, "neff"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"))
+    return env
+
+
+def spawn(part, opts, cache_dir, extra=()):
+    cmd = [sys.executable, os.path.abspath(__file__), "--_part", part, "--size", str(opts.size), "--steps",
+           str(opts.steps), "--rounds", str(opts.rounds), "--ranks", str(opts.ranks), "--depth", opts.depth, *extra]
+    return common.run_child_process(cmd, _child_env(cache_dir), CHILD_MARK, CHILD_TIMEOUT_S, label=part)
+
+
+def depth(opts):
+    from torch_neuronx.demo.real_size import Depth
+
+    return Depth(*map(int, opts.depth.split(",")))
+
+
+def emit(result):
+    print(CHILD_MARK + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- eager and compiled (children)
+
+def _prepare(opts, compiled):
+    import torch
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    peaks = parts.MemoryPeaks()
+    path = real_size_random_path(depth=depth(opts))
+    neuron, record = parts.load_pipeline(path, peaks)
+    cpu = parts.host_twin_pipeline(neuron)
+    parts.narrow_cpu_like_neuron()
+    pipes = {"cpu": cpu, "neuron": neuron}
+    if compiled:
+        torch._dynamo.config.cache_size_limit = 8
+        neuron.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
+        cpu.transformer.compile(backend="inductor", fullgraph=True, dynamic=False)
+    return pipes, {v: parts.PhaseTimes(p) for v, p in pipes.items()}, peaks, record
+
+
+def _first_calls(pipes, timers, peaks, opts):
+    import real_size_parts as parts
+
+    first, images = {}, {}
+    for variant in ("neuron", "cpu"):  # neuron first: its compile starts from empty caches
+        peaks.reset()
+        start = time.perf_counter()
+        images[variant] = parts.generate(pipes[variant], opts.size, opts.steps)
+        first[variant] = {"s": time.perf_counter() - start, "phases": timers[variant].take(), **peaks.peaks()}
+    return first, images
+
+
+def _rounds(pipes, timers, peaks, opts):
+    import real_size_parts as parts
+
+    samples = {v: [] for v in pipes}
+    peaks.reset()
+    for r in range(opts.rounds):
+        for variant in common.round_order(list(pipes), r):
+            start = time.perf_counter()
+            parts.generate(pipes[variant], opts.size, opts.steps)
+            samples[variant].append({"s": time.perf_counter() - start, **timers[variant].take()})
+    return samples, peaks.peaks()
+
+
+def _phase_ratios(samples):
+    """Per phase, the neuron / CPU ratio of each round (a step: the round's median step)."""
+    def phase_s(sample, phase):
+        return statistics.median(sample[phase]) if phase == "step" else sum(sample[phase])
+    return {phase: [phase_s(n, phase) / phase_s(c, phase) for n, c in zip(samples["neuron"], samples["cpu"])]
+            for phase in ("text", "step", "vae")} | {
+        "call": [n["s"] / c["s"] for n, c in zip(samples["neuron"], samples["cpu"])]}
+
+
+def run_pipeline_part(opts, compiled):
+    import numpy as np
+    import torch
+
+    torch.set_grad_enabled(False)
+    pipes, timers, peaks, record = _prepare(opts, compiled)
+    first, images = _first_calls(pipes, timers, peaks, opts)
+    samples, round_peaks = _rounds(pipes, timers, peaks, opts)
+    difference = np.abs(images["neuron"].astype(np.float64) - images["cpu"].astype(np.float64))
+    emit({**record, "size": opts.size, "steps": opts.steps, "first_calls": first, "samples": samples,
+          "round_peaks": round_peaks, "ratios": _phase_ratios(samples),
+          "image_max_abs_diff": float(difference.max()), "image_mean_abs_diff": float(difference.mean()),
+          "image_std": float(images["cpu"].std())})
+
+
+# ---------------------------------------------------------------- tensor parallel (torchrun ranks)
+
+def _shard_bytes(module):
+    """(bytes this rank holds of sharded parameters, bytes of replicated ones)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    sharded = replicated = 0
+    for t in [*module.parameters(), *module.buffers()]:
+        if isinstance(t, DTensor) and any(isinstance(p, Shard) for p in t.placements):
+            sharded += t.to_local().untyped_storage().nbytes()
+        else:
+            local = t.to_local() if isinstance(t, DTensor) else t
+            replicated += local.untyped_storage().nbytes()
+    return sharded, replicated
+
+
+def run_tp_rank(opts, out_dir):
+    import torch
+    import torch.distributed as dist
+    from diffusers import Flux2Transformer2DModel, TensorParallelConfig
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    torch.set_grad_enabled(False)
+    peaks = parts.MemoryPeaks()
+    dist.init_process_group(backend="neuron")
+    rank, mesh = dist.get_rank(), DeviceMesh("neuron", list(range(dist.get_world_size())))
+    start = time.perf_counter()
+    transformer = Flux2Transformer2DModel.from_pretrained(
+        real_size_random_path(depth=depth(opts)), subfolder="transformer", dtype=torch.bfloat16,
+        parallel_config=TensorParallelConfig(mesh=mesh))
+    load = {"s": time.perf_counter() - start, **peaks.peaks()}
+    inputs = parts.step_inputs(opts.size, torch.neuron.current_device())
+    transformer(**inputs)
+    start = time.perf_counter()
+    output = transformer(**inputs)[0]
+    step_s = time.perf_counter() - start
+    sharded, replicated = _shard_bytes(transformer)
+    if rank == 0:
+        torch.save(output.cpu(), os.path.join(out_dir, "rank0.pt"))
+    result = {"rank": rank, "load": load, "step_s": step_s, "sharded_bytes": sharded, "replicated_bytes": replicated,
+              "neuron_allocated_bytes": torch.neuron.memory_allocated(), **peaks.peaks()}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def run_tp_reference(opts, out_dir):
+    """The whole transformer on CPU, one process: rank 0's output against it."""
+    import torch
+    from diffusers import Flux2Transformer2DModel
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    torch.set_grad_enabled(False)
+    transformer = Flux2Transformer2DModel.from_pretrained(real_size_random_path(depth=depth(opts)), subfolder="transformer",
+                                                          dtype=torch.bfloat16)
+    expected = transformer(**parts.step_inputs(opts.size, "cpu"))[0].float()
+    got = torch.load(os.path.join(out_dir, "rank0.pt")).float()
+    emit({"max_abs_diff": float((got - expected).abs().max()), "expected_std": float(expected.std()),
+          "relative_rms": float((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt())})
+
+
+def tp_part(opts, cache_dir):
+    import subprocess
+
+    out_dir = tempfile.mkdtemp(prefix="tp-", dir=cache_dir)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={opts.ranks}", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=localhost:0", os.path.abspath(__file__), "--_part", "tp-rank", "--size", str(opts.size),
+           "--depth", opts.depth, "--_out", out_dir]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=_child_env(cache_dir), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    wall_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        return {"error": f"torchrun exit code {proc.returncode}", "stderr": proc.stderr[-4000:]}
+    ranks = [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(opts.ranks)]
+    reference = spawn("tp-reference", opts, cache_dir, ["--_out", out_dir])
+    return {"ranks": ranks, "wall_s": wall_s, "reference": reference,
+            "sum_anon_peak": sum(r["anon_peak"] for r in ranks), "host_total": _host_total()}
+
+
+def _host_total():
+    from torch_neuronx.runtime import host_memory
+
+    return host_memory.total_bytes()
+
+
+# ---------------------------------------------------------------- parent: run, report
+
+def parse(argv=None):
+    parser = common.arguments(__doc__, threads=False)
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--depth", default="5,20,36", help="double blocks, single blocks, text layers "
+                                                                "(default: the checkpoint's)")
+    parser.add_argument("--_part", help=argparse.SUPPRESS)
+    parser.add_argument("--_out", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def run_parts(opts):
+    from real_size_report import large_options
+
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-real-size-") as cache_dir:
+        for part in opts.parts.split(","):
+            start = time.perf_counter()
+            if part == "tp":
+                results[part] = tp_part(opts, cache_dir)
+            elif part == "large":
+                results[part] = spawn("eager", large_options(opts), cache_dir)
+            else:
+                results[part] = spawn(part, opts, cache_dir)
+            print(f"  {part}: {time.perf_counter() - start:.0f} s"
+                  + (f" FAILED {results[part]['error']}\n{results[part].get('stderr', '')}"
+                     if "error" in results[part] else ""), file=sys.stderr, flush=True)
+    return results
+
+
+def main():
+    opts = parse()
+    if opts._part in ("eager", "compiled"):
+        return run_pipeline_part(opts, compiled=opts._part == "compiled")
+    if opts._part == "tp-rank":
+        return run_tp_rank(opts, opts._out)
+    if opts._part == "tp-reference":
+        return run_tp_reference(opts, opts._out)
+    import real_size_report as report
+
+    load, start = common.load_average(), time.perf_counter()
+    results = run_parts(opts)
+    entries = report.target_entries(results, targets.target)
+    text = report.markdown(results, opts, common.conditions(load, common.load_average(),
+                                                            time.perf_counter() - start))
+    print(text + "\n\n" + targets.table(entries))
+    if opts.json:
+        common.write_json(opts.json, {"results": results, "targets": entries, "markdown": text})
+    common.report_outcome([e["name"] for e in entries if not e["pass"]],
+                          [p for p, r in results.items() if "error" in r])
+
+
+if __name__ == "__main__":
+    main()

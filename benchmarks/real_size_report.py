@@ -1,0 +1,124 @@
+"""bench_real_size.py's targets and Markdown, from the children's results (no torch here)."""
+import argparse
+import statistics
+
+import common
+
+GB = 1e9
+PHASE_TARGET = 1.05  # eager neuron / CPU, per phase
+COMPILED_TARGET = 1.00  # the compiled step, neuron / Inductor on CPU
+MEMORY_TARGET = 1.10  # the anonymous peak over the weights
+
+
+def large_options(opts):
+    """The seed's own call: 1024x1024, 4 steps, one round."""
+    return argparse.Namespace(**{**vars(opts), "size": 1024, "steps": 4, "rounds": 1})
+
+
+def _gb(n):
+    return f"{n / GB:.2f} GB"
+
+
+def _memory_ratio(part):
+    """The highest anonymous peak of the part (loading, moving, calling) over the weights."""
+    peaks = [part["from_pretrained"]["anon_peak"], part["to_neuron"]["anon_peak"], part["round_peaks"]["anon_peak"],
+             *(f["anon_peak"] for f in part["first_calls"].values())]
+    return max(peaks) / part["weights_bytes"]
+
+
+def target_entries(results, target):
+    entries = []
+    eager, compiled, tp = (results.get(p, {}) for p in ("eager", "compiled", "tp"))
+    if "ratios" in eager:
+        for phase in ("text", "step", "vae"):
+            entries.append(target(f"real size eager {phase} neuron / CPU", eager["ratios"][phase], PHASE_TARGET))
+        entries.append(target("real size eager peak anonymous memory / weights", [_memory_ratio(eager)],
+                              MEMORY_TARGET))
+    if "ratios" in compiled:
+        entries.append(target("real size compiled step neuron / Inductor CPU", compiled["ratios"]["step"],
+                              COMPILED_TARGET))
+    if "ranks" in tp:
+        entries.append(target("real size tp: sum of rank peaks / host memory", [tp["sum_anon_peak"] / tp["host_total"]],
+                              1.0))
+    return entries
+
+
+def _phase_row(label, part, variant):
+    samples = part["samples"][variant]
+    text = statistics.median(sum(s["text"]) for s in samples)
+    step = statistics.median(statistics.median(s["step"]) for s in samples)
+    vae = statistics.median(sum(s["vae"]) for s in samples)
+    call = statistics.median(s["s"] for s in samples)
+    return [label, f"{text:.2f}", f"{step:.2f}", f"{vae:.2f}", f"{call:.2f}"]
+
+
+def _ratio_row(part):
+    r = {k: statistics.median(v) for k, v in part["ratios"].items()}
+    return ["neuron / CPU", f"{r['text']:.3f}x", f"{r['step']:.3f}x", f"{r['vae']:.3f}x", f"{r['call']:.3f}x"]
+
+
+def _pipeline_section(title, part, labels):
+    if "error" in part:
+        return [f"**{title}**: failed ({part['error']})."]
+    rows = [_phase_row(labels[0], part, "neuron"), _phase_row(labels[1], part, "cpu"), _ratio_row(part)]
+    lines = [f"**{title}**, {part['size']}x{part['size']}, {part['steps']} step(s), median s over "
+             f"{len(part['samples']['cpu'])} interleaved round(s):", "",
+             common.markdown_table(["", "prompt encoding", "one step", "VAE decode", "whole call"], rows, "lrrrr"),
+             "", f"Images: max abs difference {part['image_max_abs_diff']:.4f}, mean {part['image_mean_abs_diff']:.5f} "
+             f"(pixel values in [0, 1], CPU std {part['image_std']:.3f})."]
+    return lines
+
+
+def _memory_lines(part):
+    if "error" in part:
+        return []
+    weights = part["weights_bytes"]
+    load, move = part["from_pretrained"], part["to_neuron"]
+    calls = max(part["round_peaks"]["anon_peak"], *(f["anon_peak"] for f in part["first_calls"].values()))
+    return [f"Weights {_gb(weights)}; the emulated HBM counts {_gb(part['neuron_allocated_bytes'])} after "
+            f"`.to(\"neuron\")`. Anonymous peak: `from_pretrained` {_gb(load['anon_peak'])} ({load['s']:.1f} s, "
+            f"the weights stay mapped from the files), `.to(\"neuron\")` {_gb(move['anon_peak'])} "
+            f"({move['s']:.1f} s), the calls {_gb(calls)}: {_memory_ratio(part):.3f}x the weights. Resident peak "
+            f"(with the mapped file pages, reclaimable): {_gb(move['resident_peak'])} while moving."]
+
+
+def _compile_lines(part):
+    if "error" in part:
+        return []
+    first = part["first_calls"]
+    return [f"First call (compiles; empty caches): neuron {first['neuron']['s']:.1f} s, Inductor on CPU "
+            f"{first['cpu']['s']:.1f} s; anonymous peak while compiling {_gb(first['neuron']['anon_peak'])} "
+            f"(neuron) and {_gb(first['cpu']['anon_peak'])} (CPU)."]
+
+
+def _tp_lines(tp, opts):
+    if "error" in tp:
+        return [f"**Tensor parallel**: failed ({tp['error']})."]
+    rows = [[r["rank"], _gb(r["sharded_bytes"]), _gb(r["replicated_bytes"]), _gb(r["anon_peak"]),
+             _gb(r["resident_peak"]), f"{r['load']['s']:.1f}", f"{r['step_s']:.2f}"] for r in tp["ranks"]]
+    ref = tp["reference"]
+    check = (f"rank 0's output against the whole transformer on CPU: relative RMS difference "
+             f"{ref['relative_rms']:.4f}, max abs {ref['max_abs_diff']:.4f}" if "error" not in ref
+             else f"the CPU reference failed ({ref['error']})")
+    return [f"**Tensor parallel**, torchrun with {len(tp['ranks'])} ranks on this host, the real transformer, "
+            f"one step at {opts.size}x{opts.size}:", "",
+            common.markdown_table(["rank", "sharded (its part)", "replicated", "anonymous peak", "resident peak",
+                                   "load s", "step s"], rows, "rrrrrrr"), "",
+            f"Sum of the ranks' anonymous peaks {_gb(tp['sum_anon_peak'])} of the host's {_gb(tp['host_total'])}; "
+            f"{check}."]
+
+
+def markdown(results, opts, conditions):
+    lines = [f"{conditions}.", ""]
+    if "eager" in results:
+        lines += _pipeline_section("Eager", results["eager"], ("neuron eager", "CPU eager")) + [""]
+        lines += _memory_lines(results["eager"]) + [""]
+    if "compiled" in results:
+        lines += _pipeline_section("Compiled transformer", results["compiled"],
+                                   ("neuron compiled", "Inductor on CPU")) + [""]
+        lines += _compile_lines(results["compiled"]) + [""]
+    if "large" in results:
+        lines += _pipeline_section("The seed's call (eager)", results["large"], ("neuron eager", "CPU eager")) + [""]
+    if "tp" in results:
+        lines += _tp_lines(results["tp"], opts)
+    return "\n".join(lines).rstrip()
