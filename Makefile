@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
 
-.PHONY: all setup demo test test-long test-isa bench sweep-xla clean
+.PHONY: all setup demo test test-long test-isa bench bench-real-size sweep-xla clean
 
 all: test
 
@@ -81,6 +81,11 @@ bench: setup
 	$(PY) benchmarks/bench_simulate.py --json $(BENCH_OUT)/simulate.json
 	$(PY) benchmarks/bench_pytest_plugin.py --json $(BENCH_OUT)/pytest_plugin.json
 	$(PY) benchmarks/targets.py $(BENCH_OUT)/*.json
+
+# FLUX.2-klein-4B at its real size (random weights; 16 GB of host memory, about 20 minutes).
+bench-real-size: setup
+	mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_real_size.py --json $(BENCH_OUT)/real-size.json
 
 clean:
 	rm -rf build *.egg-info torch_neuronx/_C*.so $(VENV)
