@@ -15,11 +15,14 @@ Each part runs in a fresh child process of its own, so its memory peaks are its 
   memory against its shard plus the replicated parts, then one CPU process runs the same step on
   the whole transformer, the oracle of rank 0's output.
 - large: the seed's call at 1024x1024 with 4 steps, once on neuron and once on CPU (measured).
+- cold: the transformer alone compiled by ``backend="neuron"`` and by Inductor, each in a process of
+  its own with empty caches (in one process the second compile would reuse the first one's kernels),
+  alternating round by round: the compile (the first step less a later one) and its memory peak.
 
 Memory: the anonymous peak (what the process owns) and the resident peak (VmHWM), which also
 counts pages of the checkpoint files the loaders map, the kernel's reclaimable page cache.
 
-    python benchmarks/bench_real_size.py [--json PATH] [--parts eager,compiled,tp,large] [--size 256]
+    python benchmarks/bench_real_size.py [--json PATH] [--parts eager,compiled,tp,large,cold] [--size 256]
         [--steps 1] [--rounds 3] [--ranks 4]
 """
 import argparse
@@ -36,7 +39,8 @@ common.apply_malloc_env()
 
 import targets  # noqa: E402
 
-PARTS = ("eager", "compiled", "tp", "large")
+PARTS = ("eager", "compiled", "tp", "large", "cold")
+COLD_BACKENDS = ("neuron", "inductor")
 CHILD_MARK = "BENCH_REAL_SIZE_RESULT "
 CHILD_TIMEOUT_S = 3600
 
@@ -131,6 +135,42 @@ def run_pipeline_part(opts, compiled):
           "round_peaks": round_peaks, "ratios": _phase_ratios(samples),
           "image_max_abs_diff": float(difference.max()), "image_mean_abs_diff": float(difference.mean()),
           "image_std": float(images["cpu"].std())})
+
+
+# ---------------------------------------------------------------- cold compiles (children)
+
+def run_cold_compile(opts, backend):
+    import torch
+    from diffusers import Flux2Transformer2DModel
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    torch.set_grad_enabled(False)
+    device = "neuron" if backend == "neuron" else "cpu"
+    transformer = Flux2Transformer2DModel.from_pretrained(real_size_random_path(depth=depth(opts)),
+                                                          subfolder="transformer", dtype=torch.bfloat16).to(device)
+    transformer.compile(backend=backend, fullgraph=True, dynamic=False)
+    inputs, peaks, calls_s = parts.step_inputs(opts.size, device), parts.MemoryPeaks(), []
+    before = peaks.status()["RssAnon"]  # on CPU the weights stay mapped from the file, on neuron they are owned
+    for _ in range(3):
+        start = time.perf_counter()
+        transformer(**inputs)
+        calls_s.append(time.perf_counter() - start)
+    emit({"backend": backend, "calls_s": calls_s, "compile_s": calls_s[0] - min(calls_s[1:]),
+          "anon_added": peaks.peaks()["anon_peak"] - before})
+
+
+def cold_part(opts, cache_dir):
+    samples = {b: [] for b in COLD_BACKENDS}
+    for r in range(opts.rounds):
+        for backend in common.round_order(list(COLD_BACKENDS), r):
+            result = spawn("cold-compile", opts, tempfile.mkdtemp(prefix="cold-", dir=cache_dir),
+                           ["--_backend", backend])
+            if "error" in result:
+                return result
+            samples[backend].append(result)
+    return {"size": opts.size, "samples": samples}
 
 
 # ---------------------------------------------------------------- tensor parallel (torchrun ranks)
@@ -236,6 +276,7 @@ def parse(argv=None):
                                                                 "(default: the checkpoint's)")
     parser.add_argument("--_part", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)
+    parser.add_argument("--_backend", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -248,6 +289,8 @@ def run_parts(opts):
             start = time.perf_counter()
             if part == "tp":
                 results[part] = tp_part(opts, cache_dir)
+            elif part == "cold":
+                results[part] = cold_part(opts, cache_dir)
             elif part == "large":
                 results[part] = spawn("eager", large_options(opts), cache_dir)
             else:
@@ -266,6 +309,8 @@ def main():
         return run_tp_rank(opts, opts._out)
     if opts._part == "tp-reference":
         return run_tp_reference(opts, opts._out)
+    if opts._part == "cold-compile":
+        return run_cold_compile(opts, opts._backend)
     import real_size_report as report
 
     load, start = common.load_average(), time.perf_counter()

@@ -6,7 +6,9 @@ import common
 
 GB = 1e9
 PHASE_TARGET = 1.05  # eager neuron / CPU, per phase
-COMPILED_TARGET = 1.00  # the compiled step, neuron / Inductor on CPU
+# The compiled step, neuron / Inductor on CPU: both run the same generated code on the same bytes, so
+# the ratio is 1 up to the rounds' noise; the band the other compiled targets use.
+COMPILED_TARGET = 1.03
 MEMORY_TARGET = 1.10  # the anonymous peak over the weights
 
 
@@ -86,9 +88,22 @@ def _compile_lines(part):
     if "error" in part:
         return []
     first = part["first_calls"]
-    return [f"First call (compiles; empty caches): neuron {first['neuron']['s']:.1f} s, Inductor on CPU "
-            f"{first['cpu']['s']:.1f} s; anonymous peak while compiling {_gb(first['neuron']['anon_peak'])} "
+    compile_s = {v: first[v]["phases"]["step"][0] - statistics.median(statistics.median(s["step"])
+                                                                     for s in part["samples"][v]) for v in first}
+    return [f"First call: neuron {first['neuron']['s']:.1f} s, from empty caches; Inductor on CPU "
+            f"{first['cpu']['s']:.1f} s, after it, reusing the C++ kernels the neuron compile built into the "
+            f"same Inductor cache. The compile (the first step less a later one): neuron {compile_s['neuron']:.1f} s, "
+            f"Inductor {compile_s['cpu']:.1f} s. Anonymous peak while compiling {_gb(first['neuron']['anon_peak'])} "
             f"(neuron) and {_gb(first['cpu']['anon_peak'])} (CPU)."]
+
+
+def _activation_lines(part):
+    if "error" in part:
+        return []
+    first = part["first_calls"]
+    return [f"Anonymous peak over the call: neuron {_gb(first['neuron']['anon_peak'])}, CPU "
+            f"{_gb(first['cpu']['anon_peak'])} (the weights, {_gb(part['weights_bytes'])}, and the activations at "
+            f"this size)."]
 
 
 def _tp_lines(tp, opts):
@@ -108,6 +123,18 @@ def _tp_lines(tp, opts):
             f"{check}."]
 
 
+def _cold_lines(cold):
+    if "error" in cold:
+        return [f"**Cold compiles**: failed ({cold['error']})."]
+    compile_s = {b: statistics.median(s["compile_s"] for s in samples) for b, samples in cold["samples"].items()}
+    added = {b: max(s["anon_added"] for s in samples) for b, samples in cold["samples"].items()}
+    rounds = len(cold["samples"]["neuron"])
+    return [f"**Cold compiles**, the transformer alone at {cold['size']}x{cold['size']}, each in a process of its own "
+            f"with empty caches, median of {rounds} round(s): neuron {compile_s['neuron']:.1f} s, Inductor "
+            f"{compile_s['inductor']:.1f} s ({compile_s['neuron'] / compile_s['inductor']:.3f}x); memory the compile and the calls add to "
+            f"the loaded weights: neuron {_gb(added['neuron'])}, Inductor {_gb(added['inductor'])}."]
+
+
 def markdown(results, opts, conditions):
     lines = [f"{conditions}.", ""]
     if "eager" in results:
@@ -119,6 +146,9 @@ def markdown(results, opts, conditions):
         lines += _compile_lines(results["compiled"]) + [""]
     if "large" in results:
         lines += _pipeline_section("The seed's call (eager)", results["large"], ("neuron eager", "CPU eager")) + [""]
+        lines += _activation_lines(results["large"]) + [""]
+    if "cold" in results:
+        lines += _cold_lines(results["cold"]) + [""]
     if "tp" in results:
         lines += _tp_lines(results["tp"], opts)
     return "\n".join(lines).rstrip()

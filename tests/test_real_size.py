@@ -124,11 +124,11 @@ def test_a_neuron_block_larger_than_the_host_is_an_error_not_an_oom_kill():
     assert r.stdout.split("\n")[:3] == ["OOM True True", "0 1", f"{float(1 << 24)}"], r.stdout
 
 
-@pytest.mark.long  # three child processes, a compile and torchrun: make test-long (CI runs it)
+@pytest.mark.long  # five child processes, three compiles and torchrun: make test-long (CI runs it)
 def test_the_benchmark_runs_each_part_at_a_reduced_depth(tmp_path):
     out = tmp_path / "real.json"
     r = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "bench_real_size.py"), "--depth", REDUCED,
-                        "--parts", "eager,compiled,tp", "--size", "128", "--rounds", "1", "--ranks", "2",
+                        "--parts", "eager,compiled,tp,cold", "--size", "128", "--rounds", "1", "--ranks", "2",
                         "--json", str(out)], env=environment(TMPDIR=str(tmp_path)),
                        capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0 and out.exists(), r.stderr[-4000:]
@@ -140,3 +140,6 @@ def test_the_benchmark_runs_each_part_at_a_reduced_depth(tmp_path):
     ranks = results["tp"]["ranks"]
     assert len({r["sharded_bytes"] for r in ranks}) == 1 and ranks[0]["sharded_bytes"] > 0
     assert results["tp"]["reference"]["relative_rms"] < 0.02
+    cold = results["cold"]["samples"]
+    assert [len(cold[b]) for b in ("neuron", "inductor")] == [1, 1]
+    assert all(s["compile_s"] > 0 for b in cold for s in cold[b]), cold
