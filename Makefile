@@ -82,7 +82,7 @@ bench: setup
 	$(PY) benchmarks/bench_pytest_plugin.py --json $(BENCH_OUT)/pytest_plugin.json
 	$(PY) benchmarks/targets.py $(BENCH_OUT)/*.json
 
-# FLUX.2-klein-4B at its real size (random weights; 16 GB of host memory, about 20 minutes).
+# FLUX.2-klein-4B at its real size (random weights; needs 17 GB of host memory and about an hour).
 bench-real-size: setup
 	mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_real_size.py --json $(BENCH_OUT)/real-size.json
