@@ -106,6 +106,31 @@ def test_a_disk_without_room_is_refused(tmp_path):
     host_memory.require_disk(str(tmp_path), 1, "saving", "point it elsewhere")
 
 
+def test_a_save_the_disk_cannot_hold_is_refused_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    from torch_neuronx.demo import real_size
+    from torch_neuronx.runtime import host_memory
+
+    free = host_memory.shutil.disk_usage(tmp_path).free
+    monkeypatch.setattr(real_size, "checkpoint_bytes", lambda depth: {"transformer": free + (1 << 30)})
+    with pytest.raises(host_memory.HostMemoryError, match="of disk in .* free. To fix: point TMPDIR"):
+        real_size.real_size_random_path(str(tmp_path / "pipeline"), depth=real_size.Depth(1, 1, 1))
+    assert os.listdir(tmp_path) == []
+
+
+def test_publishing_replaces_a_copy_an_interrupted_writer_left(tmp_path):
+    from torch_neuronx.demo.publish import publish_once
+
+    target = tmp_path / "pipeline"
+    target.mkdir()
+    (target / "half-written.safetensors").write_text("")  # no marker: a writer died here
+
+    def write(staging):
+        open(os.path.join(staging, "model_index.json"), "w").close()
+    assert publish_once(str(target), "model_index.json", write) == str(target)
+    assert sorted(os.listdir(target)) == ["model_index.json"] and os.listdir(tmp_path) == ["pipeline"]
+    assert publish_once(str(target), "model_index.json", lambda staging: pytest.fail("written twice")) == str(target)
+
+
 def test_a_neuron_block_larger_than_the_host_is_an_error_not_an_oom_kill():
     # A device larger than the host: the emulated capacity would allow the block, the host cannot back it.
     r = run("""

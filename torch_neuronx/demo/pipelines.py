@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import tempfile
 
 import torch
 
 from torch_neuronx.demo import real_size
+from torch_neuronx.demo.publish import publish_once
 from torch_neuronx.demo.tokenizer import byte_level_tokenizer
 from torch_neuronx.runtime import host_memory
 from torch_neuronx.runtime.units import format_bytes
@@ -57,21 +57,7 @@ def tiny_flux2_klein_path(directory: str | None = None) -> str:
 
     if directory is None:
         directory = os.path.join(tempfile.gettempdir(), "torch_neuronx_demo", f"tiny-flux2-klein-{diffusers.__version__}")
-    if os.path.isfile(os.path.join(directory, "model_index.json")):
-        return directory
-    os.makedirs(os.path.dirname(directory), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(directory))
-    try:
-        tiny_flux2_klein().save_pretrained(staging)
-        try:
-            os.rename(staging, directory)
-        except OSError:  # another process got there first, or a stale, broken copy is in the way
-            if not os.path.isfile(os.path.join(directory, "model_index.json")):
-                shutil.rmtree(directory, ignore_errors=True)
-                os.rename(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    return publish_once(directory, "model_index.json", lambda staging: tiny_flux2_klein().save_pretrained(staging))
 
 
 class ModelNotFoundError(FileNotFoundError):

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 
 import torch
 
+from torch_neuronx.demo.publish import publish_once
 from torch_neuronx.runtime import host_memory
 
 NAME = "real-size-random"
@@ -214,22 +214,10 @@ def real_size_random_path(directory: str | None = None, depth: Depth = Depth(), 
     """The pipeline saved with save_pretrained (built on first use, in a staging directory that one
     rename publishes, so concurrent callers and an interrupted build leave no half-written copy)."""
     directory = directory or default_directory(depth)
-    if os.path.isfile(os.path.join(directory, "real_size.json")):
-        return directory
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, exist_ok=True)
-    needed = sum(checkpoint_bytes(depth).values())
-    host_memory.require_disk(parent, needed, f"saving the {NAME} pipeline",
-                             "point TMPDIR (or the directory argument) at a disk with room")
-    staging = tempfile.mkdtemp(prefix=".staging-", dir=parent)
-    try:
+
+    def write(staging):
+        host_memory.require_disk(os.path.dirname(staging), sum(checkpoint_bytes(depth).values()),
+                                 f"saving the {NAME} pipeline",
+                                 "point TMPDIR (or the directory argument) at a disk with room")
         _save(staging, depth, seed)
-        try:
-            os.rename(staging, directory)
-        except OSError:  # another process got there first, or a broken copy is in the way
-            if not os.path.isfile(os.path.join(directory, "real_size.json")):
-                shutil.rmtree(directory, ignore_errors=True)
-                os.rename(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    return publish_once(directory, "real_size.json", write)
