@@ -17,7 +17,8 @@ Each part runs in a fresh child process of its own, so its memory peaks are its 
 - large: the seed's call at 1024x1024 with 4 steps, once on neuron and once on CPU (measured).
 - cold: the transformer alone compiled by ``backend="neuron"`` and by Inductor, each in a process of
   its own with empty caches (in one process the second compile would reuse the first one's kernels),
-  alternating round by round: the compile (the first step less a later one) and its memory peak.
+  alternating round by round: the compile (the first step less a later one) and the memory the
+  compile and the calls add to the loaded weights.
 
 Memory: the anonymous peak (what the process owns) and the resident peak (VmHWM), which also
 counts pages of the checkpoint files the loaders map, the kernel's reclaimable page cache.

@@ -45,10 +45,15 @@ def target_entries(results, target):
     return entries
 
 
+def _median_step(samples):
+    """The median over rounds of each round's median step."""
+    return statistics.median(statistics.median(s["step"]) for s in samples)
+
+
 def _phase_row(label, part, variant):
     samples = part["samples"][variant]
     text = statistics.median(sum(s["text"]) for s in samples)
-    step = statistics.median(statistics.median(s["step"]) for s in samples)
+    step = _median_step(samples)
     vae = statistics.median(sum(s["vae"]) for s in samples)
     call = statistics.median(s["s"] for s in samples)
     return [label, f"{text:.2f}", f"{step:.2f}", f"{vae:.2f}", f"{call:.2f}"]
@@ -88,8 +93,7 @@ def _compile_lines(part):
     if "error" in part:
         return []
     first = part["first_calls"]
-    compile_s = {v: first[v]["phases"]["step"][0] - statistics.median(statistics.median(s["step"])
-                                                                     for s in part["samples"][v]) for v in first}
+    compile_s = {v: first[v]["phases"]["step"][0] - _median_step(part["samples"][v]) for v in first}
     return [f"First call: neuron {first['neuron']['s']:.1f} s, from empty caches; Inductor on CPU "
             f"{first['cpu']['s']:.1f} s, after it, reusing the C++ kernels the neuron compile built into the "
             f"same Inductor cache. The compile (the first step less a later one): neuron {compile_s['neuron']:.1f} s, "
