@@ -11,11 +11,14 @@ import torch
 
 from torch_neuronx import neuron_cache
 from torch_neuronx.neuron_dynamo_backend.caching import neff_cache as cc
+from torch_neuronx.neuron_dynamo_backend.caching import trust
+from torch_neuronx.runtime import format_bytes
 from torch_neuronx.runtime.warn import _given as warned
 
 ENV_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_DISABLE_CACHE", "NEURON_COMPILATION_CACHE_MAX_SIZE_MB",
             "NEURON_COMPILATION_CACHE_MAX_ENTRIES", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
-            "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "TORCH_NEURONX_LOG_LEVEL")
+            "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "TORCH_NEURONX_LOG_LEVEL", "TORCH_NEURONX_NEFF_CACHE_KEY",
+            "TORCH_NEURONX_NEFF_CACHE_KEY_FILE", "TORCH_NEURONX_NEFF_CACHE_TRUST", "TORCH_NEURONX_NEFF_CACHE_READ_DIRS")
 ZERO = dict.fromkeys(cc.COUNTER_NAMES, 0)
 
 
@@ -51,7 +54,7 @@ def test_round_trip_memory_then_disk(tmp_path):
     assert fresh.get(key) == payload
     assert fresh.counters == counters(InMemoryMisses=1, PersistentHits=1, InMemoryHits=1)
     [entry] = fresh.entries()
-    assert (entry.key, entry.path, entry.size) == (key, path, 48 + len(payload))
+    assert (entry.key, entry.path, entry.size) == (key, path, cc.entry_format.HEADER_SIZE + len(payload))
     assert fresh.total_size() == entry.size and abs(entry.mtime - time.time()) < 60
     with pytest.raises(ValueError):
         fresh.get("../etc/passwd")
@@ -86,7 +89,7 @@ CORRUPTIONS = {
     "truncated payload": lambda b: b[:-10],
     "truncated header": lambda b: b[:20],
     "empty": lambda b: b"",
-    "checksum mismatch": lambda b: b[:60] + bytes([b[60] ^ 1]) + b[61:],
+    "checksum mismatch": lambda b: b[:90] + bytes([b[90] ^ 1]) + b[91:],  # a payload byte
     "bad magic": lambda b: b"XXNEFF01" + b[8:],
     "length field": lambda b: b[:8] + (5).to_bytes(8, "little") + b[16:],
 }
@@ -136,6 +139,8 @@ def test_corrupt_entry_is_a_miss_warned_once_removed_and_recompiled(tmp_path, ho
 _WORKER = """
 import os, sys, time
 from torch_neuronx.neuron_dynamo_backend.caching import neff_cache as cc
+from torch_neuronx.neuron_dynamo_backend.caching import trust
+from torch_neuronx.runtime import format_bytes
 from torch_neuronx.runtime.warn import _given as warned
 key, payload, locked = {key!r}, {payload_expr}, {locked!r}
 cache = cc.NeffCache()
@@ -302,29 +307,36 @@ def test_log_level_2_prints_hit_miss_storing(tmp_path, monkeypatch, capsys):
         f"[NEFF_CACHE] HIT {key} (memory)", f"[NEFF_CACHE] HIT {key} (disk)"]
 
 
+def _cli(argv, capsys):
+    """(exit status, the lines after the four that describe the directories, those four)."""
+    status = neuron_cache.main(argv)
+    lines = capsys.readouterr().out.splitlines()
+    return status, lines[4:], lines[:4]
+
+
 def test_cli_list_size_clear(tmp_path, monkeypatch, capsys):
     d = tmp_path / "cli"
     c = cc.NeffCache(str(d))
     keys = sorted(cc.cache_key(str(i)) for i in range(3))
     for i, k in enumerate(keys):
         c.put(k, b"p" * (100 * (i + 1)))
-    total = 3 * 48 + 600
+    header = cc.entry_format.HEADER_SIZE
+    total = 3 * header + 600
 
-    assert neuron_cache.main(["--dir", str(d), "list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines[:3]] == keys and len(lines) == 4
-    assert lines[0].split()[1] == "148" and "T" in lines[0].split()[2]
-    assert lines[3] == f"total {total} bytes (744 B) in 3 entries, {d}"
+    status, lines, described = _cli(["--dir", str(d), "list"], capsys)
+    assert status == 0 and [line.split()[0] for line in lines[:3]] == keys and len(lines) == 4
+    assert lines[0].split()[1] == str(header + 100) and "T" in lines[0].split()[2]
+    assert lines[3] == f"total {total} bytes ({format_bytes(total)}) in 3 entries, {d}"
+    assert described[0] == f"cache    {d}: owned by {trust.who(os.geteuid())}, mode 0700; yours alone: used as it is"
+    assert described[1].startswith("entries  unsigned") and described[3] == f"inductor {d / cc.INDUCTOR_SUBDIR}"
 
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(d))  # the default directory comes from the env
-    assert neuron_cache.main(["size"]) == 0
-    assert capsys.readouterr().out == f"total {total} bytes (744 B) in 3 entries, {d}\n"
+    assert _cli(["size"], capsys)[:2] == (0, [f"total {total} bytes ({format_bytes(total)}) in 3 entries, {d}"])
+    assert _cli(["verify"], capsys)[:2] == (0, [f"3 of 3 entries would load, {d}"])
 
-    assert neuron_cache.main(["clear", "--dir", str(d)]) == 0
-    assert capsys.readouterr().out == f"removed 3 entries from {d}\n"
+    assert _cli(["clear", "--dir", str(d)], capsys)[:2] == (0, [f"removed 3 entries from {d}"])
     assert os.listdir(d) == []  # empty shard directories went too
-    assert neuron_cache.main(["list"]) == 0
-    assert capsys.readouterr().out == f"total 0 bytes (0 B) in 0 entries, {d}\n"
+    assert _cli(["list"], capsys)[:2] == (0, [f"total 0 bytes (0 B) in 0 entries, {d}"])
 
     for bad in ([], ["bogus"], ["list", "--dir"], ["--nope", "size"]):
         assert neuron_cache.main(bad) == 2, bad
@@ -338,78 +350,11 @@ def test_cli_as_module(tmp_path):
     cc.NeffCache(str(d)).put(cc.cache_key("x"), b"y" * 2000)
     r = subprocess.run([sys.executable, "-m", module, "size", "--dir", str(d)],
                        capture_output=True, text=True, timeout=120)
-    assert (r.returncode, r.stdout) == (0, f"total 2048 bytes (2.00 KiB) in 1 entries, {d}\n"), r.stderr
+    size = 2000 + cc.entry_format.HEADER_SIZE
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == f"total {size} bytes ({format_bytes(size)}) in 1 " \
+        f"entries, {d}", r.stderr
     r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("error: "), r.stderr
-
-
-def test_a_bad_disable_variable_is_an_error_naming_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "maybe")
-    with pytest.raises(ValueError, match="TORCH_NEURONX_NEFF_DISABLE_CACHE='maybe' is not a boolean: use 1, true"):
-        cc.NeffCache(str(tmp_path))
-    r = subprocess.run([sys.executable, "-m", "torch_neuronx.neuron_cache", "size", "--dir",
-                        str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "TORCH_NEURONX_NEFF_DISABLE_CACHE='maybe' is not a boolean" in r.stderr, r.stderr
-
-
-def test_clear_also_removes_inductors_working_cache(tmp_path, capsys):
-    d = tmp_path / "with-inductor"
-    cc.NeffCache(str(d)).put(cc.cache_key("k"), b"v" * 10)
-    (d / cc.INDUCTOR_SUBDIR / "ab").mkdir(parents=True)
-    (d / cc.INDUCTOR_SUBDIR / "ab" / "kernel.so").write_bytes(b"\0" * 300)
-    assert neuron_cache.main(["size", "--dir", str(d)]) == 0
-    assert "plus 300 bytes" in capsys.readouterr().out
-    assert neuron_cache.main(["clear", "--dir", str(d)]) == 0
-    assert not (d / cc.INDUCTOR_SUBDIR).exists() and cc.NeffCache(str(d)).entries() == []
-
-
-def test_inductor_cache_dir_is_the_users_only_when_they_chose_it(tmp_path, monkeypatch):
-    """Inductor writes its default into TORCHINDUCTOR_CACHE_DIR when it first needs one, and the backend
-    writes its own: neither is the user's choice, so the backend may (re)place Inductor's cache beside
-    the NEFF entries; any other value is the user's and is kept."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    from torch_neuronx.neuron_dynamo_backend.caching import graph_cache
-
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)  # (a forced one has a directory of its own: below)
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
-    ours = str(tmp_path / "neff" / cc.INDUCTOR_SUBDIR)
-    for value in (None, default_cache_dir()):
-        if value is None:
-            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-        else:
-            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", value)
-        with graph_cache.inductor_settings():
-            assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == ours
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "other"))  # a new cache: follow it
-    with graph_cache.inductor_settings():
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "other" / cc.INDUCTOR_SUBDIR)
-    chosen = str(tmp_path / "mine")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", chosen)
-    with graph_cache.inductor_settings():
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == chosen
-
-
-def test_a_forced_vector_isa_has_its_own_keys_and_inductor_directory(tmp_path, monkeypatch):
-    """Inductor's own cache keys leave out ATEN_CPU_CAPABILITY: code generated for AVX-512 would be
-    reused under avx2 or default and fail to build (or run instructions the setting forbids). Graph keys
-    include it, and so does the place of Inductor's working cache."""
-    from torch_neuronx.neuron_dynamo_backend.caching import graph_cache
-
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
-    gm = torch.fx.symbolic_trace(lambda x: x * 2)
-    keys, directories = [], []
-    for capability in (None, "avx2", "default"):
-        if capability is None:
-            monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-        else:
-            monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
-        keys.append(graph_cache.graph_key(gm, [torch.ones(2)], {}))
-        with graph_cache.inductor_settings():
-            directories.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    base = str(tmp_path / "neff" / cc.INDUCTOR_SUBDIR)
-    assert directories == [base, os.path.join(base, "capability-avx2"), os.path.join(base, "capability-default")]
-    assert len(set(keys)) == 3
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ import platform
 import sys
 import threading
 
-from torch_neuronx.neuron_dynamo_backend.caching import neff_cache
+from torch_neuronx.neuron_dynamo_backend.caching import neff_cache, safe_files, trust
 
 # Bump when what a record vouches for changes.
 RECORD_FORMAT = "1"
@@ -40,6 +40,9 @@ _original_probe_load = None
 
 # Probes answered in this process from a record, and probes run (tests read these).
 counters = {"remembered": 0, "probed": 0}
+# The probe libraries that loaded in this process: a graph's entry carries them (:mod:`.libraries`),
+# so that a new working cache need not build them.
+loaded_libraries: set[str] = set()
 
 
 @functools.cache
@@ -74,25 +77,27 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _record(isa, output_path: str) -> tuple[str, bytes] | None:
-    """(record path, expected content) for this probe library here, or None when the cache is off."""
+def _record(isa, output_path: str) -> tuple[str, list[str], bytes] | None:
+    """(directory, path below it, expected content) of the record for this probe library here, or
+    None when the cache is off or keeps no working cache."""
     cache = neff_cache.get_cache()
-    if not cache.enabled:
+    directory = cache.inductor_directory() if cache.enabled else None
+    if directory is None:
         return None
     environment = _environment(isa._build_probe_env())
     library = _sha256(output_path)
     key = neff_cache.cache_key("vec-isa-probe", RECORD_FORMAT, library, *environment)
     content = "\n".join([f"torch_neuronx vec-isa probe record {RECORD_FORMAT}", f"library {library}",
                          *environment]).encode("utf-8") + b"\n"
-    return os.path.join(cache.directory, neff_cache.INDUCTOR_SUBDIR, RECORD_SUBDIR, key + ".ok"), content
+    return directory, [RECORD_SUBDIR, key + ".ok"], content
 
 
-def _recorded(path: str, content: bytes) -> bool:
+def _recorded(directory: str, parts: list[str], content: bytes) -> bool:
     try:
-        with open(path, "rb") as f:
-            return f.read(len(content) + 1) == content
-    except OSError:
+        data, _ = safe_files.read_file(directory, parts)
+    except (OSError, ValueError):
         return False
+    return data == content
 
 
 def _remembering_probe_load(self, output_path: str) -> bool:
@@ -104,12 +109,16 @@ def _remembering_probe_load(self, output_path: str) -> bool:
         record = None
     if record is not None and _recorded(*record):
         counters["remembered"] += 1
+        loaded_libraries.add(output_path)
         return True
     counters["probed"] += 1
     loaded = _original_probe_load(self, output_path)
+    if loaded:
+        loaded_libraries.add(output_path)
     if loaded and record is not None:
         with contextlib.suppress(OSError):  # an unwritable cache only costs the next process a probe
-            neff_cache.write_atomically(*record)
+            trust.make_directory(record[0])
+            safe_files.write_file(*record, mode=0o600, directory_mode=trust.PRIVATE_DIRECTORY_MODE)
     return loaded
 
 
