@@ -2,6 +2,7 @@
 entries, concurrent compilers, an unwritable directory and the disable switch."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -37,12 +38,23 @@ def entry_files(neff_dir):
     return [os.path.join(d, f) for d, _, files in os.walk(neff_dir) for f in files if f.endswith(".neff")]
 
 
+def graph_entries(neff_dir):
+    """The entries that hold a compiled graph (the others hold the host libraries graphs load)."""
+    from torch_neuronx.neuron_dynamo_backend.caching import entries
+
+    def is_graph(path):
+        with open(path, "rb") as f:
+            return f.read(entries.HEADER_SIZE + 8)[entries.HEADER_SIZE:] == b"NXGRAPH1"
+
+    return [path for path in entry_files(neff_dir) if is_graph(path)]
+
+
 def test_cold_then_warm_then_corrupt(tmp_path):
     neff = tmp_path / "neff"
     cold, cold_log = compile_in_subprocess(neff, TORCH_NEURONX_LOG_LEVEL="2")
     assert cold["metrics"][0]["cache"] == "miss" and cold["counters"]["TotalCompilations"] == 1
     assert "[NEFF_CACHE] MISS" in cold_log and "[NEFF_CACHE] Storing" in cold_log
-    [entry] = entry_files(neff)
+    [entry] = graph_entries(neff)
     assert (neff / "inductor").is_dir()  # Inductor's working cache lives beside the entries
 
     warm, warm_log = compile_in_subprocess(neff, TORCH_NEURONX_LOG_LEVEL="2")
@@ -79,7 +91,7 @@ def test_concurrent_compilers_share_one_entry(tmp_path):
         results.append(json.loads(out.splitlines()[-1]))
     assert all(r["out"] == results[0]["out"] for r in results)
     assert sum(r["counters"]["TotalCompilations"] for r in results) == 1  # one compiled, the rest loaded
-    assert len(entry_files(neff)) == 1 and sum(r["counters"]["CorruptEntries"] for r in results) == 0
+    assert len(graph_entries(neff)) == 1 and sum(r["counters"]["CorruptEntries"] for r in results) == 0
 
 
 def test_unwritable_directory_warns_once_and_compiles(tmp_path):
@@ -316,3 +328,65 @@ def test_forced_capability_never_reuses_code_built_for_the_cpus_own_isa(tmp_path
                                       ATEN_CPU_CAPABILITY="default")
     expected = json.loads(native.stdout.splitlines()[-1])["out"]
     assert all(abs(a - b) <= 1e-5 for row, ref in zip(forced["out"], expected) for a, b in zip(row, ref))
+
+
+# A machine with other users. The attack reported: append a line to Inductor's generated module in
+# the cache, and it ran in the next process that compiled. Now the cache loads code only from a
+# directory yours alone, or verified with a key.
+def test_code_planted_in_a_cache_others_can_write_never_runs(tmp_path):
+    neff, marker = tmp_path / "neff", tmp_path / "planted-code-ran"
+    isolated = {"TMPDIR": str(tmp_path)}  # where the per-user fallback goes
+    cold, _ = compile_in_subprocess(neff, **isolated)
+    modules = list((neff / "inductor").rglob("*.py"))
+    assert modules
+    for module in modules:
+        with open(module, "a") as f:
+            f.write(f"\nopen({str(marker)!r}, 'w').close()\n")
+    yours_alone, _ = compile_in_subprocess(neff, **isolated)
+    assert marker.exists()  # the control: in your own directory your own edit runs, as in Inductor's cache
+    marker.unlink()
+    os.chmod(neff, 0o777)  # now anyone could have made that edit
+    refused, log = compile_in_subprocess(neff, **isolated)
+    assert not marker.exists() and refused["out"] == yours_alone["out"] == cold["out"]
+    assert f"not using {neff} as the compile cache" in log and "mode 0777" in log
+    assert refused["counters"]["TotalCompilations"] == 1  # compiled again, in tmp/neff_cache-<uid>
+    assert (tmp_path / f"neff_cache-{os.geteuid()}").is_dir()
+
+
+def _logging_compiler(tmp_path):
+    """A compiler that writes each command line to a log, then runs the real one."""
+    log, wrapper = tmp_path / "compiler.log", tmp_path / "g++"
+    real = os.environ.get("CXX") or "g++"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), log
+
+
+def test_a_shared_cache_copied_to_a_second_machine_compiles_nothing_and_refuses_tampering(tmp_path):
+    from torch_neuronx.neuron_dynamo_backend.caching import entries
+
+    compiler, log = _logging_compiler(tmp_path)
+    env = {"CXX": compiler, "TORCH_NEURONX_NEFF_CACHE_KEY": "the-team-key-0123456789", "TMPDIR": str(tmp_path)}
+    first, _ = compile_in_subprocess(tmp_path / "a", TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR=str(tmp_path / "local-a"),
+                                     **env)
+    assert first["counters"]["TotalCompilations"] == 1 and ".cpp" in log.read_text()
+    assert not (tmp_path / "a" / "inductor").exists()  # a keyed cache holds entries only
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # as CI restores a cache on another runner
+    log.unlink()
+    second, _ = compile_in_subprocess(tmp_path / "b", TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR=str(tmp_path / "local-b"),
+                                      **env)
+    assert second["metrics"][0]["cache"] == "hit" and second["counters"]["TotalCompilations"] == 0
+    assert second["inductor_misses"] == 0 and second["out"] == first["out"]
+    assert ".cpp" not in (log.read_text() if log.exists() else "")  # not a kernel, not an ISA probe built
+
+    [entry] = graph_entries(tmp_path / "b")
+    data = open(entry, "rb").read()
+    payload = bytearray(data[entries.HEADER_SIZE:])
+    payload[-20] ^= 1
+    mac = data[entries.HEADER_SIZE - 32:entries.HEADER_SIZE]
+    with open(entry, "wb") as f:  # anyone can recompute the checksum; only the key's holders the MAC
+        f.write(entries.pack("x" * 32, bytes(payload), None)[:entries.HEADER_SIZE - 32] + mac + payload)
+    third, log_text = compile_in_subprocess(tmp_path / "b", TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR=str(tmp_path / "c"),
+                                            **env)
+    assert "MAC does not verify" in log_text and third["counters"]["RejectedEntries"] == 1
+    assert third["counters"]["TotalCompilations"] == 1 and third["out"] == first["out"]
