@@ -74,6 +74,7 @@ bench: setup
 	mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_eager.py --json $(BENCH_OUT)/eager.json
 	$(PY) benchmarks/bench_compile.py --json $(BENCH_OUT)/compile.json
+	$(PY) benchmarks/bench_compile_cache.py --json $(BENCH_OUT)/compile_cache.json
 	$(PY) benchmarks/bench_distributed.py --json $(BENCH_OUT)/distributed.json
 	$(PY) benchmarks/bench_pipeline.py --json $(BENCH_OUT)/pipeline.json
 	$(PY) benchmarks/bench_diagnostics.py --json $(BENCH_OUT)/diagnostics.json

@@ -188,6 +188,33 @@ def _scripts():
         assert r.stdout.strip(), r.stdout
 
 
+@check("a compile cache shared with a key: a copy compiles nothing, another key is refused")
+def _shared_cache():
+    code = """
+        import torch
+        from torch_neuronx.neuron_dynamo_backend import get_dynamo_metrics
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).to("neuron")
+        y = torch.compile(m, backend="neuron", fullgraph=True)(torch.ones(4, 8, device="neuron"))
+        print(get_dynamo_metrics()[0]["cache"], y.sum().item())
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        key = {"TORCH_NEURONX_NEFF_CACHE_KEY": "smoke-test-key-0123456789"}
+
+        def compile_in(name, local, **env):
+            return run([], code=code, env={"TORCH_NEURONX_NEFF_CACHE_DIR": os.path.join(folder, name),
+                                           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": os.path.join(folder, local),
+                                           "TMPDIR": folder, **key, **env}).stdout.split()
+
+        first = compile_in("a", "local-a")
+        subprocess.run(["cp", "-r", os.path.join(folder, "a"), os.path.join(folder, "b")], check=True)
+        second = compile_in("b", "local-b")
+        assert first[0] == "miss" and second == ["hit", first[1]], (first, second)
+        verify = [os.path.join(BIN, "neuron-cache"), "--dir", os.path.join(folder, "b"), "verify"]
+        assert "would load" in run(verify, env=key).stdout
+        run(verify, env={"TORCH_NEURONX_NEFF_CACHE_KEY": "another-key-0123456789"}, status=1)
+
+
 @check("a backward exits 0, twenty times")
 def _exits():
     for _ in range(20):

@@ -350,3 +350,19 @@ def test_safe_files_refuse_names_that_leave_the_directory(tmp_path):
     with pytest.raises(OSError) as error:
         safe_files.open_directory(str(tmp_path), ["missing"])
     assert error.value.errno == errno.ENOENT
+
+
+def test_a_library_planted_in_a_shared_cache_is_never_written_to_the_working_cache(tmp_path, shared):
+    cache, working = caught(cc.NeffCache)[0], tmp_path / "working"
+    (working / "ab").mkdir(parents=True)
+    (working / "ab" / "kernel.cpp").write_text("// source")
+    (working / "ab" / "kernel.so").write_bytes(b"\x7fELF the kernel that was built")
+    listed = libraries.store(cache, [str(working / "ab" / "kernel.cpp")], str(working))
+    [entry] = cache.entries()
+    with open(entry.path, "wb") as f:  # someone who can write the shared directory swaps the library
+        f.write(entries.pack(entry.key, b"\x7fELF planted", None))
+    machine = tmp_path / "second machine"
+    machine.mkdir()
+    written, messages = caught(lambda: libraries.restore(cc.NeffCache(), listed, str(machine)))
+    assert written == 0 and os.listdir(machine) == [] and "carries no MAC" in messages[0]
+    assert cache.inductor_directory() != os.path.join(shared, cc.INDUCTOR_SUBDIR)  # nor a .so planted there
