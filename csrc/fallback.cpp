@@ -164,6 +164,23 @@ class WithoutThreadLocalPythonObjects {
   at::impl::ThreadLocalPythonObjects saved_;
 };
 
+// all_gather_into_tensor's output may be flat (numel = world x the input's), as NCCL and TorchNeuron
+// take it and accelerate's gather() passes it; Gloo splits the output along dim 0 into one input
+// shape per rank. Hand Gloo a view of the same bytes in that shape.
+void gathered_output_as_gloo_takes_it(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (op.schema().name() != "c10d::_allgather_base_") return;
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  c10::IValue& output = (*stack)[begin];
+  const at::Tensor& input = (*stack)[begin + 1].toTensor();
+  const int64_t ranks = (*stack)[begin + 2].toCustomClass<c10d::ProcessGroup>()->getSize();
+  const at::Tensor& out = output.toTensor();
+  std::vector<int64_t> shape{input.dim() > 0 ? ranks * input.size(0) : ranks};
+  if (input.dim() > 1) shape.insert(shape.end(), input.sizes().begin() + 1, input.sizes().end());
+  if (out.sizes() != c10::IntArrayRef(shape) && out.numel() == ranks * input.numel() && out.is_contiguous()) {
+    output = out.view(shape);
+  }
+}
+
 // A group made by init_process_group() without a backend maps only the
 // accelerator (neuron) to a backend. The fallback runs collectives through the
 // CPU kernels, which ask for the CPU backend: give CPU the group's neuron
@@ -182,6 +199,7 @@ void c10d_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
     }
   }
+  gathered_output_as_gloo_takes_it(op, stack);
   // Gloo's Work keeps a copy of the caller's thread-local state, with its Python objects
   // (backward stashes a contextvars copy there). Gloo's worker thread drops the Work last,
   // possibly once the interpreter is shutting down, where taking the GIL to release them

@@ -25,14 +25,14 @@ def torchrun(script, ranks, result_dir, **env):
     return sorted(p.read_text() for p in result_dir.glob("rank*.txt"))
 
 
-COLLECTIVE_CHECKS = 35  # what tests/distributed/collectives.py checks on each rank (one more with a subgroup's rank)
+COLLECTIVE_CHECKS = 36  # what tests/distributed/collectives.py checks on each rank (one more with a subgroup's rank)
 
 
-@pytest.mark.parametrize("ranks, backend, reported", [(2, "neuron", "neuron"), (2, "", "undefined"),
-                                                       (4, "neuron", "neuron")])
-def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported):
-    # backend "": init_process_group() without one, as when neuron is the accelerator.
-    reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend)
+@pytest.mark.parametrize("ranks, backend, reported, checked", [(2, "neuron", "neuron", "1"), (2, "", "undefined", "1"),
+                                                                (4, "neuron", "neuron", "1"), (2, "neuron", "neuron", "0")])
+def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported, checked):
+    # backend "": init_process_group() without one, as when neuron is the accelerator. Checks off: plain Gloo.
+    reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend, TORCH_NEURONX_COLLECTIVE_CHECKS=checked)
     in_pair = [COLLECTIVE_CHECKS if rank < 2 else COLLECTIVE_CHECKS - 1 for rank in range(ranks)]
     assert reports == [f"{rank} {reported} {n} node=0 core={rank}" for rank, n in enumerate(in_pair)]
 

@@ -80,6 +80,13 @@ on_both("all_reduce async", in_place(lambda t: dist.all_reduce(t, async_op=True)
 on_both("all_gather", lambda out, t: (dist.all_gather(out, t), out)[1], listed(world, 4), mine())
 on_both("all_gather_into_tensor", lambda out, t: (dist.all_gather_into_tensor(out, t), out)[1],
         zeros(4 * world), mine())
+# A flat output (numel = world x the input's), as NCCL takes it and accelerate's gather() passes it; Gloo
+# on CPU tensors (the oracle) is given the same bytes as (world x 2, 2).
+flat = torch.zeros(4 * world, device=dev)
+dist.all_gather_into_tensor(flat, mine()().view(2, 2).to(dev))
+shaped = torch.zeros(2 * world, 2)
+dist.all_gather_into_tensor(shaped, mine()().view(2, 2))
+same("all_gather_into_tensor flat output", flat, shaped.flatten())
 on_both("reduce_scatter", lambda out, ts: (dist.reduce_scatter(out, ts), out)[1], zeros(3),
         lambda: [torch.arange(3.0) * (r + 1) + rank for r in range(world)])
 on_both("reduce_scatter_tensor", lambda out, t: (dist.reduce_scatter_tensor(out, t), out)[1], zeros(2),

@@ -72,6 +72,16 @@ def _op(opts) -> str:
     return str(opts.reduceOp.op).rsplit(".", 1)[-1]
 
 
+def _gather_output(output, input, ranks: int):
+    """all_gather_into_tensor's output in the shape Gloo takes, (ranks x dim 0, *rest), over the same
+    bytes: NCCL and TorchNeuron also take a flat one (numel = ranks x the input's), which accelerate's
+    gather() passes. Ranks that pass either form then describe the same call."""
+    shape = (ranks * input.shape[0], *input.shape[1:]) if input.dim() else (ranks,)
+    if output.shape != shape and output.numel() == ranks * input.numel() and output.is_contiguous():
+        return output.view(shape)
+    return output
+
+
 def _fit(text: str) -> bytes:
     data = text.encode()
     if len(data) <= TEXT_BYTES:
@@ -292,10 +302,12 @@ class CheckedProcessGroup(PG):
         return self._stock.allgather_coalesced(outputs, inputs, opts)
 
     def all_gather_single(self, output, input, opts):
+        output = _gather_output(output, input, self.size())
         self._check(f"all_gather_into_tensor({_tensor(output)}, {_tensor(input)})")
         return self._stock.all_gather_single(output, input, opts)
 
     def _allgather_base(self, output, input, opts):
+        output = _gather_output(output, input, self.size())
         self._check(f"all_gather_into_tensor({_tensor(output)}, {_tensor(input)})")
         return self._stock._allgather_base(output, input, opts)
 
