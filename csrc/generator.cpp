@@ -48,12 +48,12 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
       g_defaults.push_back(at::make_generator<NeuronGeneratorImpl>(static_cast<c10::DeviceIndex>(i)));
     }
   });
-  const auto resolved = resolve_device_index(index);
+  const auto resolved = resolve_known_index(index);
   return g_defaults[resolved];
 }
 
 at::Generator new_generator(c10::DeviceIndex index) {
-  return at::make_generator<NeuronGeneratorImpl>(resolve_device_index(index));
+  return at::make_generator<NeuronGeneratorImpl>(resolve_known_index(index));
 }
 
 at::Generator inner_cpu_generator(const at::Generator& neuron_generator) {

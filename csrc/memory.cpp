@@ -132,15 +132,15 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr&, c10::Stream) override {}  // work is done when an op returns
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override {
-    check_device_index(device);
+    check_known_device(device);
     reset_accumulated_stats(device);
   }
   void resetPeakStats(c10::DeviceIndex device) override {
-    check_device_index(device);
+    check_known_device(device);
     reset_peak_stats(device);
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
-    check_device_index(device);
+    check_known_device(device);
     const auto& s = memory_stats(device);
     const int64_t capacity = s.capacity.load();
     const int64_t used = s.bytes[kAllPool].current.load();
@@ -304,6 +304,7 @@ std::string host_shortfall(size_t nbytes) {
 
 void record_alloc(c10::DeviceIndex index, int64_t nbytes) {
   check_usable(index);
+  check_attached(index);  // under torchrun, memory only on this process's core
   if (nbytes == 0) return;  // as on CUDA, empty tensors own no device memory
   auto& s = memory_stats(index);
   {
@@ -374,7 +375,7 @@ void copy_stats(const Stat (&from)[kNumPools], c10::CachingAllocator::StatArray&
 }  // namespace
 
 c10::CachingDeviceAllocator::DeviceStats NeuronAllocator::getDeviceStats(c10::DeviceIndex device) {
-  check_device_index(device);
+  check_known_device(device);
   const auto& s = memory_stats(device);
   c10::CachingDeviceAllocator::DeviceStats out;
   // No cache: every block is its own segment, active and requested as allocated.

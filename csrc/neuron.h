@@ -22,15 +22,26 @@ constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
 // The number of visible devices is decided in Python (topology) and set once.
 c10::DeviceIndex device_count() noexcept;
 void set_device_count(int64_t count);
+// Under torchrun (TorchNeuron's numbering): device_count() becomes the local world size and the
+// process's one core is neuron:<first>, the current device of every thread that chose none.
+void bind_devices(int64_t first, int64_t count);
 c10::DeviceIndex current_device() noexcept;
 void set_current_device(c10::DeviceIndex index);
 // With no device visible because the environment is invalid, every use of
 // neuron raises this message (set by Python's topology).
 void set_config_error(std::string message);
-// Throws a RuntimeError naming the valid range unless 0 <= index < count.
+// Three checks of an index, one per use. Unbound they are the same: 0 <= index < count.
+// Bound: selecting a device (set_device, guards, new tensors) takes only the process's own index
+// ("Device index i is out of range. Valid range is s to s for this process"); memory on it and
+// streams too ("Attempted to access device that doesn't attach to this process"); statistics and
+// generators of another local rank's index are readable (nothing of this process is there).
 void check_device_index(int64_t index);
-// -1 (or no index) means the current device.
+void check_attached(int64_t index);
+void check_known_device(int64_t index);
+// -1 (or no index) means the current device; each checks as its name says.
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
+c10::DeviceIndex resolve_attached_index(c10::DeviceIndex index);
+c10::DeviceIndex resolve_known_index(c10::DeviceIndex index);
 bool is_initialized() noexcept;
 void mark_initialized() noexcept;
 

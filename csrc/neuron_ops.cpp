@@ -7,8 +7,9 @@
 namespace neuron {
 namespace {
 
+// Statistics, capacities and generators: any device of this node (another local rank's reads empty).
 c10::DeviceIndex checked_index(int64_t index) {
-  check_device_index(index);
+  check_known_device(index);
   return static_cast<c10::DeviceIndex>(index);
 }
 
@@ -68,6 +69,9 @@ TORCH_LIBRARY(neuron, m) {
     set_current_device(static_cast<c10::DeviceIndex>(i));
   });
   m.def("_check_device_index(int index) -> ()", [](int64_t i) { check_device_index(i); });
+  m.def("_check_attached(int index) -> ()", [](int64_t i) { check_attached(i); });
+  m.def("_check_known_device(int index) -> ()", [](int64_t i) { check_known_device(i); });
+  m.def("_bind_devices(int first, int count) -> ()", [](int64_t first, int64_t n) { bind_devices(first, n); });
   m.def("_set_config_error(str message) -> ()", [](std::string m) { set_config_error(std::move(m)); });
   m.def("_is_initialized() -> bool", []() { return is_initialized(); });
   m.def("_mark_initialized() -> ()", []() { mark_initialized(); });
@@ -85,8 +89,7 @@ TORCH_LIBRARY(neuron, m) {
 
   // Random numbers: each device's default generator.
   m.def("_default_generator(int index) -> Generator?", [](int64_t i) {
-    check_device_index(i);
-    return default_generator(static_cast<c10::DeviceIndex>(i));
+    return default_generator(checked_index(i));
   });
 
   // Streams and events.

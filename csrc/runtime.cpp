@@ -16,7 +16,41 @@ namespace {
 
 std::atomic<int> g_device_count{1};
 std::atomic<bool> g_initialized{false};
-thread_local c10::DeviceIndex t_current_device = 0;
+// TorchNeuron's numbering under torchrun (NeuronDevice.cpp): the process's one core is neuron:<LOCAL_RANK>,
+// device_count() is the local world size, and only [g_first_own, g_first_own + g_own_count) is this process's.
+std::atomic<int> g_first_own{0};
+std::atomic<int> g_own_count{1};
+std::atomic<bool> g_bound{false};
+// A thread that never chose a device uses the process's: the local rank's once bound (Gloo's and
+// autograd's threads too), else 0. -1 means "not chosen".
+std::atomic<int> g_default_device{0};
+thread_local int t_current_device = -1;
+
+std::mutex g_config_error_mutex;
+std::string g_config_error;  // why no device is visible (a bad environment variable)
+
+bool is_own(int64_t index) {
+  const int first = g_first_own.load(std::memory_order_relaxed);
+  return index >= first && index < first + g_own_count.load(std::memory_order_relaxed);
+}
+
+std::string own_core_fix() {
+  const int first = g_first_own.load();
+  return "Under torchrun each process has one NeuronCore, neuron:<LOCAL_RANK> (here neuron:" + std::to_string(first) +
+         "), as on Trainium: use torch.device(\"neuron\", int(os.environ[\"LOCAL_RANK\"])), \"neuron\" or "
+         "torch.neuron.current_device() instead of a fixed index.";
+}
+
+void check_count(int64_t index) {
+  const int64_t count = device_count();
+  if (C10_UNLIKELY(count == 0)) {
+    std::lock_guard<std::mutex> lock(g_config_error_mutex);
+    TORCH_CHECK(g_config_error.empty(), "neuron is unusable: ", g_config_error);
+  }
+  TORCH_CHECK(index >= 0 && index < count, "Invalid device index neuron:", index, ": ", count,
+              " neuron device(s) are visible, so valid indices are 0 to ", count - 1,
+              ". Use a device in that range (or 'neuron' for the current device).");
+}
 
 }  // namespace
 
@@ -29,12 +63,22 @@ void set_device_count(int64_t count) {
   TORCH_CHECK(count >= 0 && count <= 127,
               "neuron: cannot expose ", count, " devices; torch supports at most 127 per device type");
   g_device_count.store(static_cast<int>(count));
+  g_first_own.store(0);
+  g_own_count.store(static_cast<int>(count));
+  g_bound.store(false);
+  g_default_device.store(0);
 }
 
-namespace {
-std::mutex g_config_error_mutex;
-std::string g_config_error;  // why no device is visible (a bad environment variable)
-}  // namespace
+void bind_devices(int64_t first, int64_t count) {
+  TORCH_CHECK(count >= 1 && count <= 127 && first >= 0 && first < count, "neuron: local rank ", first,
+              " is out of range for a local world size of ", count);
+  g_device_count.store(static_cast<int>(count));
+  g_first_own.store(static_cast<int>(first));
+  g_own_count.store(1);
+  g_bound.store(true);
+  g_default_device.store(static_cast<int>(first));
+  t_current_device = -1;
+}
 
 void set_config_error(std::string message) {
   std::lock_guard<std::mutex> lock(g_config_error_mutex);
@@ -42,18 +86,39 @@ void set_config_error(std::string message) {
 }
 
 void check_device_index(int64_t index) {
+  if (C10_LIKELY(!g_bound.load(std::memory_order_relaxed)) || device_count() == 0) return check_count(index);
+  if (C10_LIKELY(is_own(index))) return;
+  const int first = g_first_own.load();
+  TORCH_CHECK(false, "Device index ", index, " is out of range. Valid range is ", first, " to ",
+              first + g_own_count.load() - 1, " for this process. ", own_core_fix());
+}
+
+// Bound, an index of another local rank is a device of this node, just not this process's.
+void check_local_index(int64_t index) {
   const int64_t count = device_count();
-  if (C10_UNLIKELY(count == 0)) {
-    std::lock_guard<std::mutex> lock(g_config_error_mutex);
-    TORCH_CHECK(g_config_error.empty(), "neuron is unusable: ", g_config_error);
-  }
-  TORCH_CHECK(index >= 0 && index < count, "Invalid device index neuron:", index, ": ", count,
-              " neuron device(s) are visible, so valid indices are 0 to ", count - 1,
-              ". Use a device in that range (or 'neuron' for the current device).");
+  TORCH_CHECK(index >= 0 && index < count, "Device index ", index, " is out of range. Valid range is 0 to ",
+              count - 1, ". ", own_core_fix());
+}
+
+void check_known_device(int64_t index) {
+  if (C10_LIKELY(!g_bound.load(std::memory_order_relaxed))) return check_count(index);
+  check_local_index(index);
+}
+
+void check_attached(int64_t index) {
+  if (C10_LIKELY(!g_bound.load(std::memory_order_relaxed))) return check_count(index);
+  if (C10_LIKELY(is_own(index))) return;
+  check_local_index(index);
+  const int first = g_first_own.load();
+  const std::string expected = index < first ? "expected to be equal or greater than " + std::to_string(first)
+                                             : "expected to be at most " + std::to_string(first + g_own_count.load() - 1);
+  TORCH_CHECK(false, "Attempted to access device that doesn't attach to this process, received ", index, " ",
+              expected, ". ", own_core_fix());
 }
 
 c10::DeviceIndex current_device() noexcept {
-  return t_current_device;
+  const int chosen = t_current_device;
+  return static_cast<c10::DeviceIndex>(chosen >= 0 ? chosen : g_default_device.load(std::memory_order_relaxed));
 }
 
 void set_current_device(c10::DeviceIndex index) {
@@ -62,8 +127,20 @@ void set_current_device(c10::DeviceIndex index) {
 }
 
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
-  if (index < 0) return t_current_device;
+  if (index < 0) return current_device();
   check_device_index(index);
+  return index;
+}
+
+c10::DeviceIndex resolve_attached_index(c10::DeviceIndex index) {
+  if (index < 0) return current_device();
+  check_attached(index);
+  return index;
+}
+
+c10::DeviceIndex resolve_known_index(c10::DeviceIndex index) {
+  if (index < 0) return current_device();
+  check_known_device(index);
   return index;
 }
 
@@ -99,14 +176,14 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNeuron; }
 
   c10::Device exchangeDevice(c10::Device d) const override {
-    const auto previous = t_current_device;
+    const auto previous = current_device();
     if (d.index() != previous) set_current_device(d.index());
     return {kNeuron, previous};
   }
-  c10::Device getDevice() const override { return {kNeuron, t_current_device}; }
+  c10::Device getDevice() const override { return {kNeuron, current_device()}; }
   void setDevice(c10::Device d) const override { set_current_device(d.index()); }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (d.index() >= 0 && d.index() < device_count()) t_current_device = d.index();
+    if (d.index() >= 0 && d.index() < device_count() && is_own(d.index())) t_current_device = d.index();
   }
   c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override {
@@ -142,14 +219,17 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
 struct NeuronHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
-  bool hasPrimaryContext(c10::DeviceIndex) const override { return is_initialized(); }
+  // Autograd asks every index for its stream: under torchrun only the process's own core has one.
+  bool hasPrimaryContext(c10::DeviceIndex d) const override {
+    return is_initialized() && (!g_bound.load(std::memory_order_relaxed) || is_own(d));
+  }
   void init() const override { mark_initialized(); }
 
   c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }
-  c10::DeviceIndex getCurrentDevice() const override { return t_current_device; }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
-    const auto previous = t_current_device;
+    const auto previous = current_device();
     set_current_device(d);
     return previous;
   }
@@ -163,7 +243,7 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex d) const override { return new_generator(d); }
 
   // Neuron memory is host memory; the pointer alone cannot tell the device.
-  c10::Device getDeviceFromPtr(void*) const override { return {kNeuron, t_current_device}; }
+  c10::Device getDeviceFromPtr(void*) const override { return {kNeuron, current_device()}; }
 
   bool isPinnedPtr(const void* data) const override { return is_pinned_host_ptr(data); }
   c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_host_allocator(); }

@@ -33,27 +33,27 @@ struct Event {
 }  // namespace
 
 c10::Stream current_stream(c10::DeviceIndex index) {
-  index = resolve_device_index(index);
+  index = resolve_attached_index(index);
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), t_current_stream[index]);
 }
 
 c10::Stream exchange_stream(c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == kNeuron, "neuron: cannot make a ", stream.device_type(),
               " stream the current neuron stream; create it with torch.neuron.Stream()");
-  const auto index = resolve_device_index(stream.device_index());
+  const auto index = resolve_attached_index(stream.device_index());
   const c10::Stream previous(c10::Stream::UNSAFE, c10::Device(kNeuron, index), t_current_stream[index]);
   t_current_stream[index] = stream.id();
   return previous;
 }
 
 c10::Stream new_stream(c10::DeviceIndex index, int /*priority: no effect when execution is synchronous*/) {
-  index = resolve_device_index(index);
+  index = resolve_attached_index(index);
   const auto id = g_next_stream_id[index].fetch_add(1) + 1;
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
 }
 
 c10::Stream stream_from_pool(c10::DeviceIndex index, bool high_priority) {
-  index = resolve_device_index(index);
+  index = resolve_attached_index(index);
   const auto slot = g_pool_cursor[index][high_priority ? 1 : 0].fetch_add(1) % kPoolSize;
   const auto id = kPoolBase + (high_priority ? kPoolSize : 0) + slot;
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);

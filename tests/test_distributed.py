@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers import isolated
 from helpers.isolated import environment, run
 
 HERE = os.path.dirname(__file__)
@@ -17,10 +18,7 @@ HERE = os.path.dirname(__file__)
 
 def torchrun(script, ranks, result_dir, **env):
     """Run tests/distributed/<script> on `ranks` processes; each rank's report, sorted by rank."""
-    path = os.path.join(HERE, "distributed", script)
-    r = run(f"import sys, runpy; sys.argv = ['torchrun', '--nproc_per_node={ranks}', '--rdzv-endpoint=localhost:0', "
-            f"'--rdzv-backend=c10d', {path!r}]; runpy.run_module('torch.distributed.run', run_name='__main__')",
-            RESULT_DIR=str(result_dir), **env)
+    r = isolated.torchrun(os.path.join(HERE, "distributed", script), ranks, RESULT_DIR=str(result_dir), **env)
     assert r.returncode == 0, r.stderr[-4000:]
     return sorted(p.read_text() for p in result_dir.glob("rank*.txt"))
 
@@ -56,6 +54,53 @@ def test_the_report_names_int64_values_a_collective_sends_not_the_buffers_it_wil
     # the copies (they move int64 as it is)
     assert reports == [f"{rank} {WIDE_CHECKS} {line}:c10d::allreduce_;{line + 7}:c10d::allgather_"
                        for rank in range(2)], reports
+
+
+def test_under_torchrun_a_processs_core_is_neuron_local_rank_as_on_torchneuron(tmp_path):
+    """TorchNeuron's numbering (NeuronDevice.cpp): device_count() the local world size, current_device()
+    the local rank, another rank's index refused in TorchNeuron's words (tests/distributed/device_model.py)."""
+    assert torchrun("device_model.py", 2, tmp_path) == ["0 21", "1 21"]
+
+
+DDP_PROGRAM = os.path.join(HERE, "programs", "simulate", "ddp_train.py")
+
+
+def cpu_full_batch_training(steps=3, hidden=32, layers=3, global_batch=32):
+    """The oracle of ddp_train.py: the same model and global batches, one CPU process, full-batch steps."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    modules = []
+    for _ in range(layers):
+        modules += [nn.Linear(hidden, hidden), nn.Tanh()]
+    model = nn.Sequential(*modules, nn.Linear(hidden, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        inputs = torch.randn(global_batch, hidden)
+        loss = F.mse_loss(model(inputs), inputs.sum(1, keepdim=True).sin())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    return torch.stack(losses), torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("options", [[], ["--accumulate", "2", "--gradient-as-bucket-view", "--bucket-cap-mb", "0.001"]])
+def test_the_cuda_idiom_trains_with_ddp_under_torchrun_as_one_cpu_process(tmp_path, options):
+    """The issue's program: set_device(LOCAL_RANK), "neuron:<local rank>", DDP(device_ids=[local_rank]), on 4
+    ranks; with no_sync() micro-batches and small buckets too."""
+    import torch
+
+    r = isolated.torchrun(DDP_PROGRAM, 4, *options, RESULT_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-4000:]
+    losses, weights = cpu_full_batch_training()
+    for rank in range(4):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        torch.testing.assert_close(result["losses"], losses, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result["weights"], weights, rtol=1e-5, atol=1e-6)
 
 
 def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
@@ -108,11 +153,14 @@ def test_diffusers_tensor_parallel_both_paths_equal_the_unsharded_model(tmp_path
     assert reports == [f"{rank} {checks}" for rank in range(ranks)]
 
 
-@pytest.mark.parametrize("before, local_world, expected", [
-    ("", 5, "torchrun started 5 processes on this node, but an emulated trn2.3xlarge (LNC=2) has 4"),
-    ("torch.ones(1, device='neuron')", 2, "initialized before init_process_group(backend='neuron')"),
+@pytest.mark.parametrize("before, local_world, visible, expected", [
+    ("", 5, "", "RuntimeError torchrun started 5 processes on this node, but an emulated trn2.3xlarge (LNC=2) has 4"),
+    # TorchNeuron's _neuron_runtime_setup asserts both (distributed/backend.py)
+    ("torch.ones(1, device='neuron')", 2, "",
+     "AssertionError Neuron runtime should not be initialized before the init_process_group. Under torchrun"),
+    ("", 2, "0-1", "RuntimeError Attempted to have more than one device per process in distributed setup"),
 ])
-def test_a_process_that_cannot_be_bound_to_its_core_is_a_clear_error(before, local_world, expected):
+def test_a_process_that_cannot_be_bound_to_its_core_is_a_clear_error(before, local_world, visible, expected):
     r = run(f"""
         import os, torch, torch.distributed as dist
         {before}
@@ -120,24 +168,27 @@ def test_a_process_that_cannot_be_bound_to_its_core_is_a_clear_error(before, loc
         try:
             dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
         except Exception as error:
-            print(error)
-    """)
+            print(type(error).__name__, error)
+    """, **({"NEURON_RT_VISIBLE_CORES": visible} if visible else {}))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert expected in r.stdout, r.stdout
+    assert r.stdout.startswith(expected), r.stdout
 
 
-def test_a_rank_given_one_core_by_the_user_keeps_it_as_neuron_0_under_device_mesh():
-    # As when NEURON_RT_VISIBLE_CORES is exported per rank: DeviceMesh must not ask for neuron:LOCAL_RANK.
+def test_a_rank_given_its_core_by_the_user_is_still_numbered_by_its_local_rank():
+    # NEURON_RT_VISIBLE_CORES exported per rank: the core is the user's, its index the LOCAL_RANK (TorchNeuron's
+    # set_local_device_start_index), and DeviceMesh's set_device(LOCAL_RANK) takes it.
     r = run("""
         import os, torch, torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
         os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", RANK="0", WORLD_SIZE="1")
+        print(torch.neuron.device_count())  # before the group: the visible cores
         dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
         mesh = DeviceMesh("neuron", [0])
-        print(torch.neuron.current_device(), torch.neuron.get_device_properties(0).core_id, mesh.device_type)
+        print(torch.neuron.device_count(), torch.neuron.current_device(), torch.neuron.get_device_properties().core_id,
+              torch.ones(1, device="neuron").device, mesh.device_type)
     """, NEURON_RT_VISIBLE_CORES="3")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["0", "3", "neuron"]
+    assert r.stdout.split() == ["1", "2", "1", "3", "neuron:1", "neuron"]
 
 
 def _free_port():

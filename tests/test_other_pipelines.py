@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.isolated import run
+from helpers.isolated import run, torchrun
 
 SIZE = 32  # pixels; the tiny VAEs below halve it once, so latents are 16x16
 STEPS = 2
@@ -270,12 +270,10 @@ with open(os.path.join(os.environ["RESULT_DIR"], f"rank{accelerator.process_inde
 def test_accelerate_under_torchrun_gives_each_process_its_neuron_core_and_gathers_over_neuron(tmp_path):
     script = tmp_path / "accelerate_rank.py"
     script.write_text(ACCELERATE_RANK)
-    r = run(f"import sys, runpy; sys.argv = ['torchrun', '--nproc_per_node=2', '--rdzv-endpoint=localhost:0', "
-            f"'--rdzv-backend=c10d', {str(script)!r}]; runpy.run_module('torch.distributed.run', run_name='__main__')",
-            RESULT_DIR=str(tmp_path))
+    r = torchrun(str(script), 2, RESULT_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-4000:]
     reports = [json.loads((tmp_path / f"rank{rank}.txt").read_text()) for rank in range(2)]
     for rank, report in enumerate(reports):
-        # one core per process, as on the real runtime: each sees its core as neuron:0
-        assert report == {"distributed_type": "DistributedType.MULTI_NEURON", "device": "neuron:0", "core": rank,
+        # one core per process, as on TorchNeuron: each sees its core as neuron:<LOCAL_RANK>
+        assert report == {"distributed_type": "DistributedType.MULTI_NEURON", "device": f"neuron:{rank}", "core": rank,
                           "backend": "neuron", "gathered": [0.0, 1.0], "gathered_device": "neuron"}

@@ -14,9 +14,11 @@ backend = os.environ.get("PG_BACKEND", "neuron")
 dist.init_process_group(backend or None, timeout=timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()
 local = int(os.environ["LOCAL_RANK"])
-assert torch.neuron.device_count() == 1, torch.neuron.device_count()
-assert torch.neuron.get_device_properties(0).core_id == local
-dev = torch.device("neuron", torch.neuron.current_device())
+# TorchNeuron's numbering: this process's one core is neuron:<LOCAL_RANK> of LOCAL_WORLD_SIZE devices.
+assert torch.neuron.device_count() == int(os.environ["LOCAL_WORLD_SIZE"]), torch.neuron.device_count()
+assert torch.neuron.current_device() == local == torch.accelerator.current_device_index()
+assert torch.neuron.get_device_properties(local).core_id == local
+dev = torch.device("neuron", local)
 checks = []
 
 
@@ -172,5 +174,5 @@ if world > 1:
 
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as f:  # not stdout: ranks interleave
     f.write(f"{rank} {dist.get_backend()} {len(checks)} node={os.environ['GROUP_RANK']} "
-            f"core={torch.neuron.get_device_properties(0).core_id}")
+            f"core={torch.neuron.get_device_properties().core_id}")
 dist.destroy_process_group()

@@ -29,8 +29,8 @@ def check(name, neuron_result, expected, exact=False):
     checks.append(name)
 
 
-# The mesh: the seed's DeviceMesh(...) and init_device_mesh agree, on the one visible core.
-assert device == 0 and mesh.device_type == "neuron" and mesh.size() == world
+# The mesh: the seed's DeviceMesh(...) and init_device_mesh agree, on this process's core, neuron:<LOCAL_RANK>.
+assert device == int(os.environ["LOCAL_RANK"]) and mesh.device_type == "neuron" and mesh.size() == world
 assert init_device_mesh("neuron", (world,)).mesh.tolist() == mesh.mesh.tolist()
 
 # DTensor: placements and redistribution move exactly the right values.
@@ -87,7 +87,8 @@ def train(model, inputs, targets, steps=2):
     return model
 
 
-ddp = train(DistributedDataParallel(copy.deepcopy(reference).to(dev)), batch[mine].to(dev), target[mine].to(dev))
+ddp = train(DistributedDataParallel(copy.deepcopy(reference).to(dev), device_ids=[device]), batch[mine].to(dev),
+            target[mine].to(dev))
 fsdp_model = copy.deepcopy(reference).to(dev)
 for layer in (fsdp_model[0], fsdp_model[2]):
     fully_shard(layer, mesh=mesh)

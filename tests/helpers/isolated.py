@@ -19,3 +19,11 @@ def environment(**env) -> dict:
 def run(code: str, argv=(), **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], env=environment(**env),
                           capture_output=True, text=True, timeout=300)
+
+
+def torchrun(script: str, ranks: int, *args, **env) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=ranks script args`` in a fresh interpreter, on a free rendezvous port."""
+    argv = ["torchrun", f"--nproc_per_node={ranks}", "--rdzv-endpoint=localhost:0", "--rdzv-backend=c10d", script,
+            *args]
+    return run(f"import sys, runpy; sys.argv = {argv!r}; runpy.run_module('torch.distributed.run', run_name='__main__')",
+               **env)

@@ -4,9 +4,10 @@
 creates a Gloo process group for neuron and CPU tensors. torch's c10d ops for neuron tensors run
 through the core's zero-copy fallback (``route_c10d_ops_to_fallback``), so Gloo reads and writes
 the neuron memory itself; a group made without a backend argument gets its neuron backend mapped
-for CPU too on first use (``c10d_fallback``). As on the real runtime, a process launched by torchrun takes the core of
-its LOCAL_RANK: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), so each process
-sees one device, ``neuron:0``.
+for CPU too on first use (``c10d_fallback``). As TorchNeuron does (its ``_neuron_runtime_setup``), a
+process launched by torchrun takes the core of its LOCAL_RANK when its first neuron group is
+created: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), and that one core is
+``neuron:<LOCAL_RANK>`` of ``LOCAL_WORLD_SIZE`` devices (``runtime.bind_devices``).
 
 Gloo aborts a process whose peer sends a tensor of another size, and ranks that call different
 collectives can hang or exchange the wrong bytes. So each neuron group checks, before every
@@ -19,14 +20,14 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import time
 
 import torch
 import torch.distributed as dist
 
-from torch_neuronx import neuron
 from torch_neuronx.distributed.collective_checks import CheckedProcessGroup
-from torch_neuronx.runtime import BACKEND_NAME, apply_topology, env_flag, ops, topology
+from torch_neuronx.runtime import BACKEND_NAME, apply_topology, bind_devices, env_flag, ops, topology
 
 CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
 _bound = False
@@ -40,37 +41,54 @@ def collective_checks_enabled() -> bool:
     return env_flag(CHECKS_ENV, default=True)
 
 
-def _bind_local_core() -> None:
-    """Make this process see the core of its LOCAL_RANK (once, before the runtime initializes)."""
+RUNTIME_STARTED = (
+    "Neuron runtime should not be initialized before the init_process_group. Under torchrun the process is "
+    "bound to its NeuronCore, neuron:<LOCAL_RANK>, when its first neuron process group is created, as on "
+    "Trainium: create neuron tensors (and call torch.neuron.init()) after dist.init_process_group(backend='neuron').")
+
+
+def bind_local_core(store, rank: int, world_size: int) -> None:
+    """TorchNeuron's ``_neuron_runtime_setup``, once per process at its first neuron group: under
+    torchrun (LOCAL_RANK set) the process sees the core of its LOCAL_RANK (NEURON_RT_VISIBLE_CORES,
+    unless set) and numbers it ``neuron:<LOCAL_RANK>`` of LOCAL_WORLD_SIZE devices. Elsewhere nothing
+    changes."""
     global _bound
     if _bound or "LOCAL_RANK" not in os.environ:
-        _bound = True
         return
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if "NEURON_RT_VISIBLE_CORES" not in os.environ:
-        _set_visible_core(local_rank)
     _bound = True
-    # DeviceMesh calls set_device(LOCAL_RANK) unless the runtime is initialized. A process that
-    # sees fewer cores than that (one, when bound) initializes now, so neuron:0 stays current.
-    if neuron.device_count() <= local_rank:
-        neuron.init()
+    if ops._is_initialized():
+        raise AssertionError(RUNTIME_STARTED)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = _local_world_size(store, rank, world_size)
+    if "NEURON_RT_VISIBLE_CORES" not in os.environ:
+        _check_fits_instance(local_world)
+        os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
+    apply_topology()
+    visible = topology.current().visible_cores
+    if len(visible) != 1:
+        raise RuntimeError(
+            f"Attempted to have more than one device per process in distributed setup: NEURON_RT_VISIBLE_CORES="
+            f"{os.environ['NEURON_RT_VISIBLE_CORES']!r} gives this process {len(visible)} cores. Give each "
+            "process one core (leave NEURON_RT_VISIBLE_CORES unset under torchrun: it becomes the LOCAL_RANK).")
+    bind_devices(local_rank, local_world)
 
 
-def _set_visible_core(local_rank: int) -> None:
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+def _local_world_size(store, rank: int, world_size: int) -> int:
+    """LOCAL_WORLD_SIZE, or (as TorchNeuron does without it) the ranks that share this host, through the store."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    host = socket.gethostname()
+    store.set(f"neuron_bind/host/{rank}", host)
+    return sum(store.get(f"neuron_bind/host/{r}").decode() == host for r in range(world_size))
+
+
+def _check_fits_instance(local_world: int) -> None:
     topo = topology.current()
     if local_world > topo.logical_cores:
         raise RuntimeError(
             f"torchrun started {local_world} processes on this node, but {topo.describe()} has "
             f"{topo.logical_cores} logical NeuronCores (one per process). Use --nproc_per_node={topo.logical_cores} "
             f"or fewer, or a larger instance (TORCH_NEURONX_INSTANCE_TYPE=trn2.48xlarge).")
-    if ops._is_initialized():
-        raise RuntimeError(
-            "The neuron runtime was initialized before init_process_group(backend='neuron'): this process can "
-            f"no longer be bound to NeuronCore {local_rank}. Create neuron tensors after init_process_group, "
-            "or set NEURON_RT_VISIBLE_CORES yourself.")
-    os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
-    apply_topology()
 
 
 def _let_gloo_workers_release_finished_work() -> None:
@@ -85,7 +103,7 @@ def _let_gloo_workers_release_finished_work() -> None:
 
 def _create_backend(store, rank: int, world_size: int, timeout):
     global _exit_pause_registered
-    _bind_local_core()
+    bind_local_core(store, rank, world_size)
     if not _exit_pause_registered:
         atexit.register(_let_gloo_workers_release_finished_work)
         _exit_pause_registered = True

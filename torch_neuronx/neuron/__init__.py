@@ -152,7 +152,7 @@ def install(aliases: dict[str, tuple[str, str]]) -> None:
 def synchronize(device=None) -> None:
     """Wait for all work on ``device``, in every stream. Execution is host-synchronous, so
     this only validates ``device``."""
-    _get_device_index(device, optional=True)
+    _get_device_index(device, optional=True, use="attached")
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

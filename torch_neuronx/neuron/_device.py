@@ -20,9 +20,17 @@ def current_device() -> int:
     return int(_ops._current_device())
 
 
-def _get_device_index(device, optional: bool = False) -> int:
+# How an index is checked, by what the caller does with it (csrc/neuron.h). Outside torchrun all three
+# accept 0..count-1. Under torchrun: "select" (make it current) and "attached" (its streams and
+# memory) accept only this process's core, neuron:<LOCAL_RANK>; "known" (statistics, generators,
+# properties) any index of the node.
+_CHECKS = {"select": "_check_device_index", "attached": "_check_attached", "known": "_check_known_device"}
+
+
+def _get_device_index(device, optional: bool = False, use: str = "select") -> int:
     """The index of ``device`` (int, 'neuron:1', torch.device). None or 'neuron' give the
-    current device when ``optional``. Raises for other device types and bad indices."""
+    current device when ``optional``. Raises for other device types and bad indices (checked
+    for ``use``, a key of _CHECKS)."""
     if device is None:
         if not optional:
             raise ValueError("Expected a neuron device index, got None")
@@ -41,7 +49,7 @@ def _get_device_index(device, optional: bool = False) -> int:
         index = device
     else:
         raise TypeError(f"Expected a neuron device (int, str or torch.device), but got {device!r}")
-    _ops._check_device_index(index)
+    getattr(_ops, _CHECKS[use])(index)
     return index
 
 

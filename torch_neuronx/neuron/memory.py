@@ -39,7 +39,7 @@ class _DeviceMemory(NamedTuple):
 
 
 def _device_memory(device) -> _DeviceMemory:
-    values = list(_ops._memory_stats(_get_device_index(device, optional=True)))
+    values = list(_ops._memory_stats(_get_device_index(device, optional=True, use="known")))
     groups = []
     for _ in ("bytes", "blocks"):
         pools = {}
@@ -106,7 +106,7 @@ def max_memory_reserved(device=None) -> int:
 
 def reset_peak_memory_stats(device=None) -> None:
     """Make every ``peak`` statistic its ``current`` value."""
-    _ops._reset_peak_memory_stats(_get_device_index(device, optional=True))
+    _ops._reset_peak_memory_stats(_get_device_index(device, optional=True, use="known"))
 
 
 def reset_max_memory_allocated(device=None) -> None:
@@ -116,7 +116,7 @@ def reset_max_memory_allocated(device=None) -> None:
 
 def reset_accumulated_memory_stats(device=None) -> None:
     """Zero the ``allocated``/``freed`` totals and ``num_ooms``."""
-    _ops._reset_accumulated_memory_stats(_get_device_index(device, optional=True))
+    _ops._reset_accumulated_memory_stats(_get_device_index(device, optional=True, use="known"))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
@@ -130,7 +130,7 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     allocations raise ``torch.OutOfMemoryError`` as on CUDA."""
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction <= 1:
         raise ValueError(f"Invalid fraction value: {fraction!r}. Allowed range: 0~1")
-    index = _get_device_index(device, optional=True)
+    index = _get_device_index(device, optional=True, use="known")
     _ops._set_memory_limit(index, int(fraction * _device_memory(index).capacity))
 
 
@@ -153,7 +153,7 @@ def _format_count(count: int) -> str:
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A printable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
-    index = _get_device_index(device, optional=True)
+    index = _get_device_index(device, optional=True, use="known")
     stats = memory_stats_as_nested_dict(index)
     device_memory = _device_memory(index)
     rows = [("allocated_bytes", "Allocated memory", format_bytes),

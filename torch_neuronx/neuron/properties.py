@@ -32,10 +32,10 @@ class NeuronDeviceProperties:
 
 
 def get_device_properties(device=None) -> NeuronDeviceProperties:
-    index = _get_device_index(device, optional=True)
+    index = _get_device_index(device, optional=True, use="known")
     topo = topology.current()
     chip = topo.instance.chip
-    core = topo.visible_cores[index]
+    core = topo.core_of(index)
     return NeuronDeviceProperties(
         name=f"{chip.name} {chip.core_arch}", total_memory=topo.device_memory,
         major=chip.capability[0], minor=chip.capability[1], core_id=core,

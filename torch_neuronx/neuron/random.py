@@ -19,7 +19,7 @@ def _default(index: int) -> torch.Generator:
 
 
 def _generator(device=None) -> torch.Generator:
-    return _default(_get_device_index(device, optional=True))
+    return _default(_get_device_index(device, optional=True, use="known"))
 
 
 

@@ -29,7 +29,7 @@ class Stream(torch.Stream):
     def __new__(cls, device=None, priority: int = 0, **kwargs):
         if kwargs:  # Stream(stream_id=..., device_index=..., device_type=...): wrap an existing stream
             return super().__new__(cls, priority=priority, **kwargs)
-        index = _get_device_index(device, optional=True)
+        index = _get_device_index(device, optional=True, use="attached")
         low, high = _PRIORITY_RANGE
         priority = min(max(int(priority), high), low)
         self = super().__new__(cls, device=torch.device(BACKEND_NAME, index), priority=priority)
@@ -102,7 +102,7 @@ class Event(torch.Event):
 
 def current_stream(device=None) -> Stream:
     """The current stream of ``device`` (default: current device) on this thread."""
-    return _wrap(torch._C._accelerator_getStream(_get_device_index(device, optional=True)))
+    return _wrap(torch._C._accelerator_getStream(_get_device_index(device, optional=True, use="attached")))
 
 
 def default_stream(device=None) -> Stream:

@@ -79,3 +79,13 @@ def apply_topology() -> None:
     ops._set_instance_description(topo.describe())
     for index, core in enumerate(topo.visible_cores):
         ops._set_device_memory(index, topo.device_memory, core)
+
+
+def bind_devices(local_rank: int, local_world: int) -> None:
+    """TorchNeuron's numbering under torchrun (its NeuronDevice.cpp): this process's one visible
+    core becomes ``neuron:<local_rank>``, ``device_count()`` the local world size, and the local
+    rank every thread's current device. Must run before the runtime initializes."""
+    topo = topology.bind(local_rank, local_world)
+    ops._bind_devices(local_rank, local_world)
+    for index in range(local_world):  # another rank's index: a device of the node, empty here
+        ops._set_device_memory(index, topo.device_memory, topo.core_of(index))

@@ -17,6 +17,7 @@ The instances and chips themselves are :mod:`.hardware`'s table.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -47,6 +48,21 @@ class Topology:
     visible_cores: tuple[int, ...]  # logical core ids; neuron:i is visible_cores[i]
     device_memory: int  # emulated capacity of each logical core, in bytes
     memory_overridden: bool = False
+    # Under torchrun (after the first neuron group), TorchNeuron's numbering: the one visible core
+    # is neuron:<local_rank>, and the node's local_world devices are numbered 0..local_world-1.
+    local_rank: int | None = None
+    local_world: int | None = None
+
+    @property
+    def device_count(self) -> int:
+        return len(self.visible_cores) if self.local_world is None else self.local_world
+
+    def core_of(self, index: int) -> int:
+        """The logical core id behind ``neuron:index``: bound, another local rank's index is the core
+        torchrun gives that rank (its LOCAL_RANK)."""
+        if self.local_rank is None:
+            return self.visible_cores[index]
+        return self.visible_cores[0] if index == self.local_rank else index
 
     @property
     def logical_cores(self) -> int:
@@ -201,6 +217,13 @@ def refresh(environ=None) -> Topology | None:
         _current, _error = from_env(environ), None
     except TopologyError as error:
         _current, _error = None, error
+    return _current
+
+
+def bind(local_rank: int, local_world: int) -> Topology:
+    """This process's topology with TorchNeuron's numbering under torchrun (see Topology.local_rank)."""
+    global _current
+    _current = dataclasses.replace(current(), local_rank=local_rank, local_world=local_world)
     return _current
 
 
