@@ -103,6 +103,27 @@ def test_the_cuda_idiom_trains_with_ddp_under_torchrun_as_one_cpu_process(tmp_pa
         torch.testing.assert_close(result["weights"], weights, rtol=1e-5, atol=1e-6)
 
 
+def test_a_hard_coded_neuron_0_fails_on_local_rank_1_and_its_report_names_the_line(tmp_path):
+    r = isolated.torchrun(DDP_PROGRAM, 2, "--hard-coded-device", TORCH_NEURONX_REPORT="1")
+    assert r.returncode != 0
+    assert "Device index 0 is out of range. Valid range is 1 to 1 for this process" in r.stderr, r.stderr[-3000:]
+    with open(DDP_PROGRAM) as f:
+        line = next(i for i, text in enumerate(f, 1) if text.startswith("torch.neuron.set_device("))
+    report = r.stderr[r.stderr.index("rank 1 of 2"):]
+    assert f"ddp_train.py:{line}  [another-rank-core]" in report.split("Would fail on Trainium (1 place)")[1], report
+
+
+def test_a_neuron_tensor_before_the_group_is_refused_and_reported_at_its_line(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text("import os, torch, torch.distributed as dist\n"
+                      "x = torch.ones(2, device='neuron')\n"
+                      "dist.init_process_group('neuron', store=dist.HashStore(), rank=0, world_size=1)\n")
+    r = run(f"import runpy, sys; sys.argv = ['run', '--output-dir', {str(tmp_path / 'report')!r}, {str(script)!r}]; "
+            "runpy.run_module('torch_neuronx.run', run_name='__main__')", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    assert "AssertionError: Neuron runtime should not be initialized before the init_process_group" in r.stderr
+    assert f"{script}:3  [runtime-before-group]" in r.stderr, r.stderr[-3000:]
+
+
 def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
     """Run tests/distributed/<script> as on `nodes` hosts: one torchrun launcher per node, started
     separately and joined by c10d rendezvous (loopback addresses only); each rank's report, sorted

@@ -14,7 +14,7 @@ import warnings
 
 from torch_neuronx.diagnostics import report as _report
 from torch_neuronx.diagnostics.gate import FAIL_ON_ENV
-from torch_neuronx.diagnostics.observer import phase, start, stop
+from torch_neuronx.diagnostics.observer import phase, record_error, start, stop
 from torch_neuronx.diagnostics.op_tracking import (clear_op_tracking, get_executed_ops, get_fallback_ops,
                                                  get_op_counts)
 from torch_neuronx.diagnostics.report import Mark, Report, findings_since, mark
@@ -24,7 +24,7 @@ REPORT_ENV = "TORCH_NEURONX_REPORT"
 PROFILE_ENV = "TORCH_NEURONX_REPORT_PROFILE"
 
 __all__ = ["Mark", "Report", "clear_op_tracking", "findings_since", "get_executed_ops", "get_fallback_ops",
-           "get_op_counts", "get_op_signatures", "mark", "phase", "report", "start", "stop", "write"]
+           "get_op_counts", "get_op_signatures", "mark", "phase", "record_error", "report", "start", "stop", "write"]
 
 
 def report(profile=None) -> Report:
@@ -63,7 +63,9 @@ def write(result: Report, directory: str, formats=DEFAULT_FORMATS, exit_status: 
 def _print_at_exit() -> None:
     import torch
 
-    if not torch.neuron.is_initialized():  # e.g. torchrun's own process, which only launches the ranks
+    # The error the program stopped on (Python keeps it as sys.last_value), if Trainium raises it too.
+    stopped = getattr(sys, "last_value", None) is not None and record_error(sys.last_value)
+    if not torch.neuron.is_initialized() and not stopped:  # e.g. torchrun's own process, which only launches
         print(f"torch_neuronx: {REPORT_ENV}: neuron was not used in this process (pid {os.getpid()}), "
               "nothing to report", file=sys.stderr)
         return

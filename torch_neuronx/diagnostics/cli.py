@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     status = 1  # the script raised (its traceback follows the report, as python prints it at exit)
     try:
         status = _run(options)
+    except BaseException as error:
+        diagnostics.record_error(error)  # a finding at its line, when Trainium raises it too
+        raise
     finally:
         status = _finish(options, status)
     return status

@@ -41,6 +41,15 @@ KINDS = {
     "inductor-on-neuron": Kind(
         "would-fail", "torch.compile's default backend (Inductor) has no code generator for neuron, on Trainium "
         "either: the compile fails", 'compile with backend="neuron": torch.compile(model, backend="neuron")'),
+    "another-rank-core": Kind(
+        "would-fail", "under torchrun each process has one NeuronCore, neuron:<LOCAL_RANK>: TorchNeuron refuses "
+        "another index (a fixed neuron:0 on a local rank above 0, say) with this error",
+        'name the process\'s own core: torch.device("neuron", int(os.environ["LOCAL_RANK"])), "neuron" or '
+        'torch.neuron.current_device()'),
+    "runtime-before-group": Kind(
+        "would-fail", "a neuron tensor was made before init_process_group: TorchNeuron binds a torchrun process "
+        "to its core when the group is created, and asserts the runtime has not started yet",
+        'create neuron tensors after dist.init_process_group(backend="neuron")'),
     "safetensors-device": Kind(
         "would-fail", "safetensors rejects device=\"neuron\" (its list of devices is fixed), on Trainium too",
         'load to CPU (device="cpu") and move with .to("neuron"), or pass device=0'),
@@ -124,6 +133,26 @@ def user_site() -> tuple[str, bool]:
     if node is not None:
         return f"backward ({node.name()})" + ("" if site == "<unknown>" else f" from {site}"), printing
     return site, printing
+
+
+# Errors a program stops on that TorchNeuron raises too, told apart by the words both use.
+STOPPING_ERRORS = (("another-rank-core", ("for this process. ", "doesn't attach to this process")),
+                   ("runtime-before-group", ("should not be initialized before the init_process_group",)))
+
+
+def error_finding(error: BaseException) -> Finding | None:
+    """The finding for an error the program stopped on, when Trainium raises it too: at the innermost
+    line of the program's own code in its traceback."""
+    text = str(error)
+    kind = next((k for k, words in STOPPING_ERRORS if any(w in text for w in words)), None)
+    if kind is None:
+        return None
+    site, tb = "<unknown>", error.__traceback__
+    while tb is not None:
+        if not frames.is_library(tb.tb_frame.f_code.co_filename, stdlib=True):
+            site = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return Finding(kind, type(error).__name__, site, 1, text.split(" Under torchrun")[0])
 
 
 def _layout(t: torch.Tensor) -> str:

@@ -232,6 +232,17 @@ def _library_error(kind: str, call: str, detail: str) -> None:
 
 ecosystem_errors.listen(_library_error)
 
+
+def record_error(error: BaseException) -> bool:
+    """An error the program stopped on: a finding at its line when Trainium raises it too (another
+    rank's core under torchrun, say). Whether it made one."""
+    collector = _collector or _last
+    finding = findings.error_finding(error)
+    if collector is None or finding is None:
+        return False
+    collector.detector.add(finding.kind, finding.op, finding.site, finding.detail)
+    return True
+
 _observer_library = torch.library.Library(BACKEND_NAME, "IMPL")  # noqa: the core calls neuron::_observe_op
 _observer_library.impl("_observe_op", _observe, "CPU")
 
