@@ -109,16 +109,16 @@ def test_relabelled_ranks_of_the_bare_device_program_equal_every_rank_run(tmp_pa
     assert [x["peak_bytes"] for x in every["ranks"]] == [tp_peak_bytes(hidden, ffn, n)] * n
 
 
-DEVICE_HABITS = ["bare", "to", "index0", "current_device", "device_of_current", "method", "set_device",
-                 "local_rank_index", "device_context"]
+DEVICE_HABITS = ["bare", "to", "current_device", "device_of_current", "method", "set_device", "local_rank_index",
+                 "device_context"]
 
 
 @pytest.mark.parametrize("habit", DEVICE_HABITS)
 def test_every_device_habit_is_the_ranks_own_core_on_every_rank(tmp_path, simulate, habit):
-    """device_habits.py --habit: "neuron", "neuron:0", .to("neuron"), current_device(),
-    torch.device("neuron", current_device()), .neuron(), set_device(LOCAL_RANK), "neuron:<LOCAL_RANK>"
-    and torch.neuron.device(LOCAL_RANK), each run on every rank of 2 nodes x 2 (local rank != rank on
-    node 1); the program asserts its output, input and weights share one device."""
+    """device_habits.py --habit: "neuron", .to("neuron"), current_device(), torch.device("neuron",
+    current_device()), .neuron(), set_device(LOCAL_RANK), "neuron:<LOCAL_RANK>" and
+    torch.neuron.device(LOCAL_RANK), each run on every rank of 2 nodes x 2 (local rank != rank on
+    node 1); the program asserts its output, input and weights are on neuron:<LOCAL_RANK>."""
     hidden, ffn, n = 64, 256, 4
     r, plan = simulate(tmp_path, "--all-ranks", "--nnodes", "2", "--nproc-per-node", "2", "--instance",
                        "trn2.3xlarge", os.path.join(PROGRAMS, "device_habits.py"), "--habit", habit,
@@ -131,16 +131,39 @@ def test_every_device_habit_is_the_ranks_own_core_on_every_rank(tmp_path, simula
         assert [c["bytes"] for c in rank["collectives"] if c["op"] == "all_reduce"] == [8 * hidden * 4]
 
 
-def test_a_program_mixing_cores_fails_naming_the_line(tmp_path, simulate):
-    """neuron:1 (another core, on local rank 0) with the rank's own core: refused, as on the instance."""
+def test_a_hard_coded_neuron_0_fails_on_every_local_rank_above_0_naming_the_line(tmp_path, simulate):
+    """As on Trainium: neuron:0 is the core of local rank 0 only (TorchNeuron's set_device refuses it
+    elsewhere); with --all-ranks every rank runs and the failure names the ranks and the line."""
+    r, plan = simulate(tmp_path, "--all-ranks", "--nnodes", "2", "--nproc-per-node", "2", "--instance",
+                       "trn2.3xlarge", os.path.join(PROGRAMS, "device_habits.py"), "--habit", "index0")
+    assert r.returncode == 1
+    marker = 'model, x = mlp().to("neuron:0")'
+    line = f"device_habits.py:{line_of('device_habits.py', marker)}"
+    assert f"failed on ranks 1,3 at {line}: RuntimeError: Device index 0 is out of range. Valid range is 1 to 1 " \
+           "for this process" in r.stderr, r.stderr
+    assert ["error" in x for x in plan["ranks"]] == [False, True, False, True]
+
+
+def test_a_program_naming_another_ranks_core_fails_naming_the_line(tmp_path, simulate):
+    """neuron:1 on local rank 0: refused where it is made, with TorchNeuron's words, as on the instance."""
     r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge",
                        os.path.join(PROGRAMS, "mixed_devices.py"))
     assert r.returncode == 1
-    line = f"mixed_devices.py:{line_of('mixed_devices.py', 'the line that mixes them')}"
+    line = f"mixed_devices.py:{line_of('mixed_devices.py', '# another rank')}"
     assert f"failed on rank 0 at {line}" in r.stderr and "Traceback" not in r.stderr
     error = plan["ranks"][0]["error"]
-    assert error["line"] == line and "FakeTensorDeviceMismatchError" in error["message"]
-    assert "neuron:1" in error["message"] and "own core" in error["message"]
+    assert error["line"] == line and "Device index 1 is out of range. Valid range is 0 to 0 for this process" \
+        in error["message"]
+
+
+def test_a_neuron_tensor_before_init_process_group_fails_as_torchneuron_asserts(tmp_path, simulate):
+    script = tmp_path / "early.py"
+    script.write_text("import torch, torch.distributed as dist\nx = torch.ones(2, device='neuron')\n"
+                      "dist.init_process_group('neuron')\n")
+    r, plan = simulate(tmp_path, "--nproc-per-node", "2", "--instance", "trn2.3xlarge", str(script))
+    assert r.returncode == 1
+    assert "failed on ranks 0-1 at early.py:3: AssertionError: Neuron runtime should not be initialized before the " \
+           "init_process_group" in r.stderr and "(the first neuron tensor: early.py:2)" in r.stderr, r.stderr
 
 
 def test_only_rank_3_calling_an_extra_all_reduce_fails_naming_it(tmp_path, simulate):

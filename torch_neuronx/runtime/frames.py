@@ -36,3 +36,11 @@ def outward(depth: int = 1) -> Iterator[FrameType]:
     while frame is not None:
         yield frame
         frame = frame.f_back
+
+
+def user_line(depth: int = 1) -> str | None:
+    """'file.py:line' of the program's own innermost frame (no library, standard library or pseudo-file)."""
+    for frame in outward(depth + 1):
+        if not is_library(frame.f_code.co_filename, pseudo=True):
+            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return None

@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from torch_neuronx.runtime.units import id_ranges
+
 PROG = "python -m torch_neuronx.simulate"
 
 
@@ -158,7 +160,9 @@ def report(result, out: str, quiet: bool) -> int:
     failed = [r for r in result.ranks if "error" in r]
     if failed:
         r = failed[0]
-        print(f"{PROG}: error: the program failed on rank {r['rank']} at {r['error']['line'] or 'an unknown line'}: "
+        alike = [x["rank"] for x in failed if x["error"]["line"] == r["error"]["line"]]
+        ranks = f"ranks {id_ranges(alike)}" if len(alike) > 1 else f"rank {r['rank']}"
+        print(f"{PROG}: error: the program failed on {ranks} at {r['error']['line'] or 'an unknown line'}: "
               f"{r['error']['message']}", file=sys.stderr)
         return 1
     if result.divergence:

@@ -75,8 +75,8 @@ def _records(run: _Runs, all_ranks: bool) -> tuple[list, dict, str | None]:
         return [done.get(rank) or symmetry.relabel_lightly(done[0], rank, tiling) for rank in range(run.size)], \
             done, why
     rest = [r for r in range(run.size) if r not in done]
-    if not any(rec.error for rec in done.values()):
-        done.update(_run_ranks(rest, run))
+    if all_ranks or not any(rec.error for rec in done.values()):  # --all-ranks: each rank's failure, too
+        done.update(_run_ranks(rest, run, keep_going=all_ranks))
     return [done[r] for r in sorted(done)], done, why
 
 
@@ -102,15 +102,15 @@ def _why_not_symmetric(done: dict, size: int) -> str | None:
     return None
 
 
-def _run_ranks(ranks, run: _Runs) -> dict:
+def _run_ranks(ranks, run: _Runs, keep_going: bool = False) -> dict:
     """{rank: record} for ``ranks``, each run in its own forked child, ``run.jobs`` at a time; stops
-    starting new ones after a rank fails."""
+    starting new ones after a rank fails, unless ``keep_going``."""
     import tempfile
 
     results, running, todo = {}, {}, list(ranks)
     with tempfile.TemporaryDirectory(prefix="neuron_simulate_") as tmp:
         while todo or running:
-            failed = any(rec.error for rec in results.values())
+            failed = not keep_going and any(rec.error for rec in results.values())
             while todo and len(running) < run.jobs and not failed:
                 rank = todo.pop(0)
                 path = os.path.join(tmp, f"rank{rank}.pickle")
@@ -205,11 +205,6 @@ def _run_rank(rank, size, nproc_per_node, capacity, script, argv):
                 world.run_script(script, rank)
     except Exception as error:  # the program failed on this rank: the plan says where
         rec.record.error = f"{type(error).__name__}: {error}"
-        if type(error).__name__ == "FakeTensorDeviceMismatchError":  # what the device names meant here
-            local = rank % nproc_per_node
-            own = f"'neuron', 'neuron:0' and 'neuron:{local}' (its local rank)" if local else "'neuron' and 'neuron:0'"
-            rec.record.error += (f"; on rank {rank} {own} name the rank's own core, shown as neuron:0, and any "
-                                 "other index another core of the node, which this line mixes with it")
         rec.record.error_line = _line_of(error, script)
     rec.record.rank_uses, rec.record.rank_use_count = audit.notes, audit.count
     return rec.record

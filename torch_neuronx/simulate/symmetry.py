@@ -3,9 +3,9 @@
 A rank's program can differ from rank 0's only through what tells it its rank. In structure mode
 the simulator hands out every such value itself (:func:`audited_sources`): ``dist.get_rank()``,
 ``ProcessGroup.rank()``, ``get_node_local_rank()``, ``get_process_group_ranks()``,
-``DeviceMesh.get_rank/get_local_rank/get_coordinate`` and the variables RANK, LOCAL_RANK,
-GROUP_RANK and ROLE_RANK. (``torch.neuron.current_device()`` is not one: every rank's own core
-is ``neuron:0``, see world.py, so neither it nor a tensor's ``device.index`` tells ranks apart.)
+``DeviceMesh.get_rank/get_local_rank/get_coordinate``, ``torch.neuron.current_device()`` and
+``torch.accelerator.current_device_index()`` (a rank's core is ``neuron:<LOCAL_RANK>``, see
+world.py) and the variables RANK, LOCAL_RANK, GROUP_RANK and ROLE_RANK.
 They come back as :class:`RankInt` / :class:`RankStr`, which behave as the int / str they hold but note every use made of them by code
 outside torch, torch_neuronx and the standard library (the program and its other libraries):
 a comparison, arithmetic, truth test, hash, formatting, ``str()``, a string method, and ``int()``
@@ -38,6 +38,7 @@ import copy
 import functools
 import os
 
+import torch
 import torch.distributed as dist
 
 from torch_neuronx.runtime import frames
@@ -188,6 +189,8 @@ def audited_sources(audit: Audit):
         patch(dist, "get_node_local_rank", "get_node_local_rank()")
     for name in ("get_rank", "get_local_rank", "get_coordinate"):
         patch(device_mesh.DeviceMesh, name, f"DeviceMesh.{name}()")
+    patch(torch.neuron, "current_device", "torch.neuron.current_device()")
+    patch(torch.accelerator, "current_device_index", "torch.accelerator.current_device_index()")
     os._Environ.__getitem__ = getitem
     _audit = audit
     try:

@@ -4,18 +4,16 @@ Every rank's run sees what torchrun and the neuron backend would give it: RANK, 
 LOCAL_RANK, LOCAL_WORLD_SIZE, ``init_process_group("neuron")`` succeeding (on torch's ``fake``
 process group, which does no communication, with this rank's number) and ``dist.get_rank()``.
 
-Its device is its own core, ``neuron:0``, as in a torchrun run of this project (one core per
-process): a bare ``"neuron"``, ``"neuron:0"``, ``.to("neuron")``, ``.neuron()``,
-``torch.neuron.current_device()`` (0) and ``torch.device("neuron", current_device())`` all name
-it. So does the habit of programs written for processes that see every core of their node,
-``set_device(local_rank)`` or ``"neuron:<local rank>"``: the local rank's index is the rank's own
-core, shown as ``neuron:0``. Any other index is another core of the node, and a program that mixes
-one with the rank's own fails on the line that mixes them. Two things make it so: the runtime's
-current device is the only current device (C++ reads it to fill in a bare "neuron" in
-``Tensor.to`` and device guards; ``set_device`` maps the local rank to 0), and every fake tensor's
-device passes :func:`_own_core`. (The simulator used to keep a current device of its own, the
-local rank, in Python only: a factory's bare "neuron" took it, ``.to("neuron")`` the runtime's 0,
-and the last rank of a TP program mixed ``neuron:63`` with ``neuron:0``.)
+Its device follows TorchNeuron's numbering under torchrun (``distributed.bind_local_core``, run
+here by the stand-in ``init_process_group``): before the group every core of the node is visible;
+from then on the rank's one core is ``neuron:<LOCAL_RANK>`` of LOCAL_WORLD_SIZE devices. A bare
+``"neuron"``, ``.to("neuron")``, ``.neuron()``, ``torch.neuron.current_device()``,
+``set_device(local_rank)`` and ``"neuron:<local rank>"`` all name it; any other index (a fixed
+``"neuron:0"`` on a local rank above 0) fails on its line with TorchNeuron's error, as on the
+instance, and so does a neuron tensor made before ``init_process_group``. Two things make it so:
+the runtime's current device is the only current device (C++ reads it to fill in a bare "neuron"
+in ``Tensor.to`` and device guards), and every fake tensor's device passes :func:`_own_core`,
+which checks it as the runtime checks a real one.
 
 In structure mode the program runs under FakeTensorMode, which needs three more adjustments:
 DeviceMesh keeps its rank map as a real CPU tensor (its code reads it with ``tolist()``), so the
@@ -38,7 +36,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from torch_neuronx.runtime import BACKEND_NAME, apply_topology, topology
+from torch_neuronx.runtime import BACKEND_NAME, apply_topology, frames, ops, topology
 
 FAKE_BACKEND = f"cpu:fake,{BACKEND_NAME}:fake"
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -94,16 +92,19 @@ def _real_mesh_patches(stack: contextlib.ExitStack) -> None:
     stack.enter_context(_patched(dist, "init_device_mesh", device_mesh.init_device_mesh))
 
 
-def own_index(index: int, local_rank: int) -> int:
-    """The device index a simulated rank means: its local rank's index is its own core, 0."""
-    return 0 if index == local_rank else index
+class _Group:
+    """Whether the rank's process group exists yet, and the first neuron tensor made before it."""
+
+    def __init__(self):
+        self.started = False
+        self.early_tensor: str | None = None
 
 
-def _own_core(stack: contextlib.ExitStack, local_rank: int) -> None:
-    """Every fake neuron tensor of this rank lands on the index the rank means (:func:`own_index`),
-    whichever route named its device: a factory's ``device=``, ``Tensor.to`` (C++ fills a bare
-    "neuron" from the runtime's current device), DTensor and FSDP moving shards to the mesh's
-    device type, or a device guard set by ``torch.neuron.device(local_rank)``."""
+def _own_core(stack: contextlib.ExitStack, group: _Group) -> None:
+    """Every fake neuron tensor of this rank is checked as the runtime checks a real one: an index
+    other than the rank's own core raises TorchNeuron's error, whichever route named it (a factory's
+    ``device=``, ``Tensor.to``, DTensor and FSDP moving shards, a device guard). One made before the
+    group is noted: the stand-in ``init_process_group`` then refuses, as TorchNeuron asserts."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     saved = vars(FakeTensor)["_normalize_fake_device"]
@@ -112,9 +113,9 @@ def _own_core(stack: contextlib.ExitStack, local_rank: int) -> None:
     def normalize_own(device: torch.device) -> torch.device:
         device = normalize(device)  # a bare "neuron" gets the current device's index
         if device.type == BACKEND_NAME and device.index is not None:
-            index = own_index(device.index, local_rank)
-            if index != device.index:
-                return torch.device(BACKEND_NAME, index)
+            ops._check_device_index(device.index)
+            if not group.started and group.early_tensor is None:
+                group.early_tensor = frames.user_line()
         return device
 
     FakeTensor._normalize_fake_device = staticmethod(normalize_own)
@@ -162,28 +163,27 @@ def _process_as_rank(stack: contextlib.ExitStack, env: dict[str, str], script: s
     sys.path[0] = os.path.dirname(script)
 
 
-def _distributed_as_rank(stack: contextlib.ExitStack, rank: int, world: int, local_rank: int) -> None:
-    """init_process_group makes the fake group of this rank, whatever the program asked for, and
-    set_device takes the local rank's core as its core 0."""
+def _distributed_as_rank(stack: contextlib.ExitStack, rank: int, world: int, group: _Group, bind: bool) -> None:
+    """init_process_group makes the fake group of this rank, whatever the program asked for, and (with
+    ``bind``) numbers the rank's core as the neuron backend does under torchrun."""
     init_original = dist.init_process_group
-    set_device_original = torch.neuron.set_device
 
     def init_process_group(*args, timeout=None, **kwargs):
         from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        from torch_neuronx import distributed
+        if bind and group.early_tensor is not None:
+            raise AssertionError(f"{distributed.RUNTIME_STARTED} (the first neuron tensor: {group.early_tensor})")
+        group.started = True
+        if bind:
+            os.environ.pop(topology.NUM_CORES_ENV, None)  # the node's cores were visible until now
+            distributed.bind_local_core(FakeStore(), rank, world)
         # Whatever the program asked for (neuron, gloo, env://, a TCPStore), the fake group stands in.
         extra = {"timeout": timeout} if timeout is not None else {}
         return init_original(FAKE_BACKEND, world_size=world, rank=rank, store=FakeStore(), **extra)
 
-    def set_device(device):
-        # The runtime's current device, the one C++ reads too; the local rank's index is core 0.
-        set_device_original(own_index(torch.neuron._get_device_index(device), local_rank))
-
     stack.enter_context(_patched(dist, "init_process_group", init_process_group))
     stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
-    saved_device = torch.neuron.current_device()
-    set_device_original(0)  # each run starts on its own core
-    stack.callback(set_device_original, saved_device)
-    stack.enter_context(_patched(torch.neuron, "set_device", set_device))
 
 
 @contextlib.contextmanager
@@ -191,11 +191,13 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
                    audit=None):
     """The process as rank ``rank`` of ``world`` sees it, for the duration of one run; with
     ``audit`` (a symmetry.Audit) every rank value it hands out notes the program's uses of it."""
-    local_rank = rank % nproc_per_node
+    group = _Group()
     with contextlib.ExitStack() as stack:
         _process_as_rank(stack, _rank_environment(rank, world, nproc_per_node), script, argv)
-        _distributed_as_rank(stack, rank, world, local_rank)
-        _own_core(stack, local_rank)
+        # Numbering binds once per process: in the forked child of one rank (structure mode), not in
+        # the one process of --numerics, which stands for every rank as rank 0 (its own core is neuron:0).
+        _distributed_as_rank(stack, rank, world, group, bind=fake_mode is not None)
+        _own_core(stack, group)
         # Fake tensors take current_device() for a bare "neuron" only from an initialized device.
         stack.enter_context(_patched(torch.neuron, "is_initialized", lambda: True))
         if fake_mode is not None:

@@ -1,6 +1,8 @@
 """A tensor-parallel MLP whose model and input are placed by one of the habits of torchrun
-programs (--habit NAME); every one must put them on the rank's own core, on every rank: the
-device a bare "neuron" names, through a factory and through .to()."""
+programs (--habit NAME); every one must put them on the rank's own core, neuron:<LOCAL_RANK>, on
+every rank: the device a bare "neuron" names, through a factory and through .to(). All but one:
+"index0" hard-codes neuron:0, which is another rank's core on every local rank above 0 and fails
+there, on Trainium as in the simulator."""
 import argparse
 import os
 
@@ -49,10 +51,11 @@ elif habit == "device_context":
         model, x = mlp().to("neuron"), torch.randn(8, H, device="neuron")
 else:
     raise SystemExit(f"unknown habit {habit!r}")
-# What a bare "neuron" means through a factory and through .to(): the rank's own core, shown as neuron:0.
+# What a bare "neuron" means through a factory and through .to(): the rank's own core, neuron:<LOCAL_RANK>.
 own = {torch.empty(0, device="neuron").device, torch.empty(0).to("neuron").device}
 placed = {x.device, *(p.device for p in model.parameters())}
-assert placed == own == {torch.device("neuron", 0)}, f"{habit}: placed on {placed}, 'neuron' is {own}"
+expected = {torch.device("neuron", int(os.environ["LOCAL_RANK"]))}
+assert placed == own == expected, f"{habit}: placed on {placed}, 'neuron' is {own}"
 mesh = init_device_mesh("neuron", (dist.get_world_size(),))
 parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 out = model(x)
