@@ -220,6 +220,7 @@ class Span:
     graph_launches: int = 0
     comm_latency_s: float = 0.0
     comm_transfer_s: float = 0.0
+    hidden_s: float = 0.0  # of the collectives' time, what runs under the backward's compute (DDP's buckets)
 
     def add(self, other: Span) -> None:
         for f in dataclasses.fields(self):
@@ -234,9 +235,23 @@ class Span:
                      for e, g in zip(cal.eager_launch_s, cal.graph_launch_s))
 
     def seconds(self, cal: Calibration = CALIBRATION) -> tuple[float, float]:
-        """(low, high): collectives hidden under compute, or after it."""
+        """(low, high): collectives hidden under compute, or after it (but for what is known to run
+        under the backward: ``hidden_s``)."""
         low_launch, high_launch = self.launch_s(cal)
-        return max(self.compute_s + low_launch, self.comm_s), self.compute_s + high_launch + self.comm_s
+        return (max(self.compute_s + low_launch, self.comm_s),
+                self.compute_s + high_launch + self.comm_s - self.hidden_s)
+
+
+def overlapped_seconds(launches) -> float:
+    """Of collectives launched one after another while compute goes on, each given as (its seconds,
+    the compute seconds left after its launch), the seconds hidden under that compute: they run one
+    at a time, each from its launch or the end of the one before; what runs past the compute's end
+    shows."""
+    end, total = float("-inf"), 0.0
+    for seconds, left in launches:
+        end = max(-left, end) + seconds
+        total += seconds
+    return total - max(0.0, end) if total else 0.0
 
 
 def work_span(profile: TrainiumProfile, work: Counter, cal: Calibration = CALIBRATION) -> float:
@@ -259,5 +274,8 @@ def assumptions(cal: Calibration = CALIBRATION) -> list[str]:
         "reduce_scatter and all_to_all n-1 steps moving (n-1)/n; broadcast, reduce, barrier log2(n) steps) over "
         "the slowest link the group crosses, its bandwidth shared by the group's ranks on it.",
         "A step's range: collectives fully overlapped with compute (low) or not at all (high); a collective whose "
-        "result the next op needs (tensor parallelism) cannot overlap, so the high end is the likely one there.",
+        "result the next op needs (tensor parallelism) cannot overlap, so the high end is the likely one there. "
+        "Collectives a backward launches without waiting (DDP's gradient buckets, from their gradient hooks) run "
+        "one after another, each from its launch, under the backward compute that follows it; only what runs past "
+        "the backward's end counts in the high end too.",
     ]

@@ -21,6 +21,7 @@ import time
 import torch
 
 RTOL, ATOL = 1.3e-6, 1e-5
+SHOWN_VALUES = 64  # outputs this small are written out whole, every rank's and one device's
 
 
 def _per_rank(value, ranks: int) -> list[torch.Tensor] | None:
@@ -91,6 +92,28 @@ def _groups_kept_until_compared():
         dist.destroy_process_group = dist.distributed_c10d.destroy_process_group = original
 
 
+@contextlib.contextmanager
+def _ranks_of_every_rank(size: int):
+    """``dist.get_rank()`` of the default group is each rank's own, as LocalTensorMode holds ints
+    (a SymInt of one value per rank, as its DeviceMesh.get_rank gives): a rank's slice of a batch
+    (``x[rank * n:(rank + 1) * n]``) is then each rank's own slice."""
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalIntNode
+
+    original = dist.get_rank
+
+    def get_rank(group=None):
+        if group is not None and group is not dist.group.WORLD:
+            return original(group)
+        return torch.SymInt(LocalIntNode({r: r for r in range(size)}))
+
+    dist.get_rank = dist.distributed_c10d.get_rank = get_rank
+    try:
+        yield
+    finally:
+        dist.get_rank = dist.distributed_c10d.get_rank = original
+
+
 @dataclasses.dataclass
 class NumericsPlan:
     """A numerics plan (``--numerics``): each compared output's worst difference and rank.
@@ -128,8 +151,12 @@ def _compared(per_rank: list, ref: torch.Tensor) -> dict:
             good = False
         if diff >= worst:
             worst, worst_rank = diff, rank
-    return {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
-            "max_abs_difference": worst, "worst_rank": worst_rank, "ok": good}
+    out = {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
+           "max_abs_difference": worst, "worst_rank": worst_rank, "ok": good}
+    if ref.numel() <= SHOWN_VALUES:  # a loss curve, say: what a torchrun run would log, rank by rank
+        out["values"] = [got.tolist() for got in per_rank]
+        out["one_device"] = ref.tolist()
+    return out
 
 
 def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> NumericsPlan:
@@ -142,7 +169,8 @@ def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int,
     start = time.perf_counter()
     # One run for all ranks: the fake group's rank 0 stands for each, LocalTensorMode holds their values.
     with world.simulated_rank(0, size, nproc_per_node, script, list(argv)):
-        with _groups_kept_until_compared(), _fsdp_keeps_local_storages(), LocalTensorMode(size):
+        with _groups_kept_until_compared(), _fsdp_keeps_local_storages(), LocalTensorMode(size), \
+                _ranks_of_every_rank(size):
             namespace = world.run_script_keeping_globals(script)
             simulated = _tensors(namespace, size, names)
         del namespace

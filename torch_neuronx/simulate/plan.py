@@ -213,6 +213,47 @@ def _costed_collectives(rec, spans: dict, groups: _Groups, cal: time_model.Calib
     return calls
 
 
+def _overlap_calls(rec, backward: dict) -> list[tuple[str, tuple, int, str | None]]:
+    """(op, ranks, bytes, line) of each collective a backward launched without waiting for it, its
+    group translated for a relabelled rank. A run record holds indices into its collectives, a
+    re-costed one the calls themselves."""
+    translate = getattr(rec, "group_map", None) or {}
+    calls = []
+    for call in backward["calls"]:
+        if isinstance(call, int):
+            c = rec.collectives[call]
+            call = (c.op, c.ranks, c.bytes, c.line)
+        op, ranks, nbytes, line = call
+        calls.append((op, translate.get(tuple(ranks), tuple(ranks)), nbytes, line))
+    return calls
+
+
+def _compute_after(profile, backward: dict, cal) -> list[float]:
+    """The compute seconds (work and launches, at the low launch cost) left after each launch."""
+    costs = [time_model.work_span(profile, Counter(seg["work"]), cal) + seg["eager"] * cal.eager_launch_s[0]
+             + seg["graph"] * cal.graph_launch_s[0] for seg in backward["segments"]]
+    return [sum(costs[i:]) for i in range(len(costs))]
+
+
+def _hidden(rec, spans: dict, layout: Layout, profile, cal, cache: dict) -> list[dict]:
+    """Each backward's collectives that run under its compute (DDP's buckets): their time hidden
+    goes to the step's span; returns what the plan lists of them."""
+    listed = []
+    for backward in getattr(rec, "overlaps", None) or []:
+        if id(backward) not in cache:  # relabelled ranks share rank 0's backwards
+            cache[id(backward)] = _compute_after(profile, backward, cal)
+        calls, after = _overlap_calls(rec, backward), cache[id(backward)]
+        seconds = [sum(time_model.collective_seconds(op, nbytes, len(ranks), layout.link(ranks)[1],
+                                                     layout.link(ranks)[0], cal)) for op, ranks, nbytes, _ in calls]
+        hidden = time_model.overlapped_seconds(zip(seconds, after))
+        spans.setdefault(backward["step"], time_model.Span()).hidden_s += hidden
+        listed.append({"step": backward["step"], "hidden_seconds": hidden, "exposed_seconds": sum(seconds) - hidden,
+                       "calls": [{"op": op, "ranks": ranges(ranks), "bytes": nbytes, "line": line, "seconds": t,
+                                  "compute_after_seconds": a}
+                                 for (op, ranks, nbytes, line), t, a in zip(calls, seconds, after)]})
+    return listed
+
+
 def _over_capacity(rec, capacity: int) -> dict | None:
     """Where a rank's memory crossed the core's HBM (unknown when re-costed for a smaller one)."""
     if rec.over is not None and rec.over.bytes_live > capacity:
@@ -235,7 +276,7 @@ def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: i
              "step_seconds": list(whole.seconds(cal)), "compute_seconds": whole.compute_s,
              "launch_seconds": list(whole.launch_s(cal)), "eager_launches": whole.eager_launches,
              "graph_launches": whole.graph_launches, "communication_seconds": whole.comm_s,
-             "communication_latency_seconds": whole.comm_latency_s,
+             "communication_latency_seconds": whole.comm_latency_s, "communication_hidden_seconds": whole.hidden_s,
              "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
              "steps": _step_rows(spans, rec.steps, cal)}
     over = _over_capacity(rec, capacity)
@@ -256,11 +297,14 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     groups = _Groups(layout)
     ranks, recorded = [], {}
     compute_cache: dict[int, dict] = {}  # ranks that share their work share its costing
+    after_cache: dict[int, list] = {}
+    overlapped = {}  # rank -> each backward's DDP buckets (bytes, line, time hidden); rank 0's is shown
     for rec in records:
         if id(rec.work) not in compute_cache:
             compute_cache[id(rec.work)] = _compute_spans(profile, rec, cal)
         spans = {step: time_model.Span(**vars(span)) for step, span in compute_cache[id(rec.work)].items()}
         calls = _costed_collectives(rec, spans, groups, cal)
+        overlapped[rec.rank] = _hidden(rec, spans, layout, profile, cal, after_cache)
         ranks.append(_rank_entry(rec, spans, calls, layout, capacity, cal))
         if "relabelled_from" not in ranks[-1]:
             recorded[str(rec.rank)] = record_json(rec)
@@ -270,7 +314,8 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     return Plan(
         script=os.path.abspath(script), args=list(argv), instance=layout.instance.name,
         chip=layout.instance.chip.name, lnc=layout.lnc, nnodes=layout.nnodes, nproc_per_node=layout.nproc,
-        world_size=len(records), capacity_bytes=capacity, time=time_summary(ranks, profile, layout, cal),
+        world_size=len(records), capacity_bytes=capacity,
+        time=time_summary(ranks, profile, layout, cal, overlapped.get(0, [])),
         ranks=ranks, over_capacity=over, groups=groups.rows,
         communication={
             "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
@@ -283,15 +328,17 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     )
 
 
-def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Calibration) -> dict:
-    """The job's time: the slowest rank's (ranks wait for each other at their collectives)."""
+def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Calibration,
+                 backward_overlap: list[dict]) -> dict:
+    """The job's time: the slowest rank's (ranks wait for each other at their collectives); rank
+    0's backwards with the collectives they run under their compute (DDP's buckets)."""
     if not ranks:
         return {}
     slowest = max(ranks, key=lambda r: r["step_seconds"][1])
     return {"step_seconds": [max(r["step_seconds"][0] for r in ranks), slowest["step_seconds"][1]],
             "slowest_rank": slowest["rank"], "steps": slowest["steps"], "profile": profile.as_dict(),
             "calibration": cal.as_dict(), "assumptions": time_model.assumptions(cal),
-            "sources": [profile.source, layout.instance.links.source]}
+            "sources": [profile.source, layout.instance.links.source], "backward_overlap": backward_overlap}
 
 
 # ---- what a plan keeps to be re-costed ----------------------------------------------------------
@@ -300,8 +347,18 @@ def record_json(rec) -> dict:
     def steps_of(table):
         return [{"step": step, "items": items} for step, items in table.items()]
 
+    overlaps = [{"step": b["step"], "calls": [list(call) for call in _overlap_calls(rec, b)],
+                 "segments": [{**seg, "work": [[p, f, n_bytes, n] for (p, f, n_bytes), n in seg["work"].items()]}
+                              for seg in b["segments"]]} for b in getattr(rec, "overlaps", None) or []]
     return {"work": steps_of({s: [[p, f, b, n] for (p, f, b), n in w.items()] for s, w in rec.work.items()}),
-            "launches": steps_of(rec.launches), "steps": rec.steps}
+            "launches": steps_of(rec.launches), "steps": rec.steps, "overlaps": overlaps}
+
+
+def _overlaps_of(recorded: dict) -> list[dict]:
+    """record_json's overlaps back as a record holds them (its calls resolved, not indices)."""
+    return [{"step": b["step"], "calls": [(op, tuple(ranks), n_bytes, line) for op, ranks, n_bytes, line in b["calls"]],
+             "segments": [{**seg, "work": {tuple(item[:3]): item[3] for item in seg["work"]}} for seg in b["segments"]]}
+            for b in recorded.get("overlaps", [])]
 
 
 def recost(old: dict, layout: Layout, capacity: int, source: str,
@@ -325,8 +382,8 @@ def recost(old: dict, layout: Layout, capacity: int, source: str,
             recorded = old["recorded"][source_rank]
             kept = base[source_rank] = (
                 {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
-                {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"])
-        rec.work, rec.launches, rec.steps = kept
+                {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded))
+        rec.work, rec.launches, rec.steps, rec.overlaps = kept
         rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
                        for c in entry["collectives"]}
         rec.relabelled_from = entry.get("relabelled_from")

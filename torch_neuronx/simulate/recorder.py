@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 from torch_neuronx.diagnostics import time_model
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, frames
-from torch_neuronx.simulate import compiled, steps
+from torch_neuronx.simulate import compiled, overlap, steps
 
 
 # c10d ops (dist.* calls) and functional collectives (DTensor, FSDP2's reduce-scatter, compiled
@@ -75,7 +75,7 @@ def group_ranks(group) -> tuple[int, ...]:
         group = dist.distributed_c10d._resolve_process_group(group)
     try:
         return tuple(dist.get_process_group_ranks(group))
-    except (ValueError, RuntimeError):
+    except (ValueError, RuntimeError, KeyError):
         pass
     # The C++ object of a group the Python side knows under its name (DeviceMesh's scatter).
     try:
@@ -126,6 +126,9 @@ class RankRecord:
     work: dict = field(default_factory=dict)
     launches: dict = field(default_factory=dict)
     steps: dict = field(default_factory=dict)  # name -> {"count", "tokens", "sequences"}
+    # Backwards that launched collectives they do not wait for (DDP's buckets), with the work after
+    # each: [{"step", "calls": [collective index], "segments": [{"work", "eager", "graph"}]}] (overlap.py).
+    overlaps: list = field(default_factory=list)
     group_map: dict | None = None  # relabelled lightly: rank 0's groups -> this rank's (symmetry.py)
     grouped: dict | None = None  # re-costed: the collectives as plan.grouped_collectives gives them
 
@@ -163,6 +166,9 @@ class RankRecorder(TorchDispatchMode):
         self._meta = None
         self._step: str | None = None
         self._graph: GraphCall | None = None
+        self._backwards = overlap.Backwards(self.record, lambda: self._step,
+                                            lambda: (lambda line, site: line or site)(*user_frames(self.script)))
+        self._engine = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -210,10 +216,12 @@ class RankRecorder(TorchDispatchMode):
         if n:
             launches = self.record.launches.setdefault(self._step, {"eager": 0, "graph": 0})
             launches[kind] += n
+            self._backwards.launch(kind, n)
 
     def _add_work(self, key) -> None:
         work = self.record.work.setdefault(self._step, {})
         work[key] = work.get(key, 0) + 1
+        self._backwards.work(key)
 
     def _compute(self, func, args, kwargs, out) -> None:
         if func.is_view or func.namespace == "prim" or func is torch.ops.aten._unsafe_view.default:
@@ -300,6 +308,10 @@ class RankRecorder(TorchDispatchMode):
                 recorder._paused -= 1
 
         ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+        # torch.autograd imported the engine's entry by name: both references are its callers'.
+        self._engine = torch.autograd.graph._engine_run_backward
+        torch.autograd.graph._engine_run_backward = torch.autograd._engine_run_backward = \
+            self._backwards.wrap(self._engine)
         steps.recording = self
         self._simulating = compiled.installed()
         self._simulating.__enter__()
@@ -310,6 +322,7 @@ class RankRecorder(TorchDispatchMode):
 
         torch.UntypedStorage.resize_ = self._resize
         ShardingPropagator._propagate_tensor_meta_non_cached = self._meta
+        torch.autograd.graph._engine_run_backward = torch.autograd._engine_run_backward = self._engine
         steps.recording = None
         self._simulating.__exit__(*exc)
         return super().__exit__(*exc)
@@ -342,7 +355,9 @@ class RankRecorder(TorchDispatchMode):
         if op in ("gather", "scatter"):
             size = _nbytes(own) * max(1, len(ranks))
         line, site = user_frames(self.script)
-        self.record.collectives.append(Collective(op, ranks, size, shapes, line or site, self._step))
+        line = self._backwards.async_line() or line or site
+        self.record.collectives.append(Collective(op, ranks, size, shapes, line, self._step))
+        self._backwards.collective(len(self.record.collectives) - 1)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

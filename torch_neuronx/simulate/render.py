@@ -130,6 +130,27 @@ def _rank_table(plan) -> list[str]:
         out += ["", f"rank 0's collectives ({first['collective_calls']}), grouped:"]
         for (op, group, nbytes, line), n in sorted(counted.items(), key=lambda kv: -kv[1] * kv[0][2])[:20]:
             out.append(f"  {n:>4} x {op} of {format_bytes(nbytes)} on {group} at {line}")
+        out += _overlap_lines(plan)
+    return out
+
+
+def _overlap_lines(plan) -> list[str]:
+    """Rank 0's backwards whose collectives run under their compute (DDP's buckets), each bucket in
+    launch order with its bytes and line, and the time hidden."""
+    backwards = (plan.time or {}).get("backward_overlap") or []
+    if not backwards:
+        return []
+    out = ["", "rank 0's collectives launched by the backward and run under it (DDP's gradient buckets), in "
+               "launch order:"]
+    for i, b in enumerate(backwards[:8]):
+        calls = b["calls"]
+        sizes = ", ".join(format_bytes(c["bytes"]) for c in calls[:12]) + (", ..." if len(calls) > 12 else "")
+        out.append(f"  backward {i + 1}{'' if b['step'] is None else ' of step ' + repr(b['step'])} at "
+                   f"{calls[0]['line']}: {len(calls)} x {calls[0]['op']} ({sizes}); "
+                   f"{format_seconds(b['hidden_seconds'])} hidden under the backward, "
+                   f"{format_seconds(b['exposed_seconds'])} after it")
+    if len(backwards) > 8:
+        out.append(f"  ... {len(backwards) - 8} more backwards (plan.json: time.backward_overlap)")
     return out
 
 

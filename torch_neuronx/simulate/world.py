@@ -38,7 +38,6 @@ import torch.distributed as dist
 
 from torch_neuronx.runtime import BACKEND_NAME, apply_topology, frames, ops, topology
 
-FAKE_BACKEND = f"cpu:fake,{BACKEND_NAME}:fake"
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
@@ -172,6 +171,7 @@ def _distributed_as_rank(stack: contextlib.ExitStack, rank: int, world: int, gro
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         from torch_neuronx import distributed
+        from torch_neuronx.simulate import group as planned_group
         if bind and group.early_tensor is not None:
             raise AssertionError(f"{distributed.RUNTIME_STARTED} (the first neuron tensor: {group.early_tensor})")
         group.started = True
@@ -179,8 +179,9 @@ def _distributed_as_rank(stack: contextlib.ExitStack, rank: int, world: int, gro
             os.environ.pop(topology.NUM_CORES_ENV, None)  # the node's cores were visible until now
             distributed.bind_local_core(FakeStore(), rank, world)
         # Whatever the program asked for (neuron, gloo, env://, a TCPStore), the fake group stands in.
+        planned_group.register()
         extra = {"timeout": timeout} if timeout is not None else {}
-        return init_original(FAKE_BACKEND, world_size=world, rank=rank, store=FakeStore(), **extra)
+        return init_original(planned_group.NAME, world_size=world, rank=rank, store=FakeStore(), **extra)
 
     stack.enter_context(_patched(dist, "init_process_group", init_process_group))
     stack.enter_context(_patched(dist.distributed_c10d, "init_process_group", init_process_group))
@@ -200,6 +201,12 @@ def simulated_rank(rank: int, world: int, nproc_per_node: int, script: str, argv
         _own_core(stack, group)
         # Fake tensors take current_device() for a bare "neuron" only from an initialized device.
         stack.enter_context(_patched(torch.neuron, "is_initialized", lambda: True))
+        # Backward on the caller's thread, as neuron's runs (interop/threads.py): its collectives (DDP's
+        # buckets) are then seen under the program's own frames, at its loss.backward() line.
+        stack.callback(torch._C._set_multithreading_enabled, torch._C._is_multithreading_enabled())
+        torch._C._set_multithreading_enabled(False)
+        from torch_neuronx.simulate import ddp
+        ddp.install(stack)
         if fake_mode is not None:
             _real_mesh_patches(stack)
             _swap_patch(stack, fake_mode)

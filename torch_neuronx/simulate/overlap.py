@@ -1,0 +1,68 @@
+"""Collectives a backward pass launches without waiting for them (DDP's gradient buckets), and the
+backward compute that follows each: what DDP overlaps each bucket's all-reduce with.
+
+DDP launches a bucket's all-reduce from the hook that runs once the bucket's last gradient is
+accumulated (an ``AccumulateGrad`` post hook) and waits for all of them only when the backward
+ends. A collective launched there is taken as overlapping the rest of the backward; one launched
+from any other autograd node (tensor parallelism's, whose result the next op needs) or from a
+callback at the backward's end (static_graph's first iteration, FSDP2's last reduce-scatter: no
+compute is left to hide it) is not. Each backward
+with such collectives leaves a record: its step, the collectives' indices in the rank's record (in
+launch order), and after each the work and launches that follow it up to the next one, or to the
+end of the backward (a segment). The plan costs them (plan.hidden_seconds).
+"""
+from __future__ import annotations
+
+import torch
+
+ASYNC_NODES = ("AccumulateGrad",)
+
+
+def _launched_async() -> bool:
+    """Whether the collective being made now is one the backward does not wait for (see above)."""
+    node = torch._C._current_autograd_node()
+    return node is not None and node.name().endswith(ASYNC_NODES)
+
+
+class Backwards:
+    """Follows one rank's backward passes for :class:`recorder.RankRecorder`."""
+
+    def __init__(self, record, step_of, line_of):
+        self.record, self.step_of, self.line_of, self.depth, self.current = record, step_of, line_of, 0, None
+        self.line = None  # the program's line that started the backward (its loss.backward())
+
+    def wrap(self, run_backward):
+        """``run_backward`` (torch.autograd's engine entry) with this record's begin and end around it."""
+        def run(*args, **kwargs):
+            self.depth += 1
+            if self.depth == 1:
+                self.current = {"step": self.step_of(), "calls": [], "segments": []}
+                self.line = self.line_of()
+            try:
+                return run_backward(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if self.depth == 0 and self.current["calls"]:
+                    self.record.overlaps.append(self.current)
+                if self.depth == 0:
+                    self.current = None
+        return run
+
+    def async_line(self) -> str | None:
+        """The backward's line when the collective being made now runs under it (a comm hook's own
+        line is not where the program waits for it), else None."""
+        return self.line if self.current is not None and _launched_async() else None
+
+    def collective(self, index: int) -> None:
+        if self.current is not None and _launched_async():
+            self.current["calls"].append(index)
+            self.current["segments"].append({"work": {}, "eager": 0, "graph": 0})
+
+    def work(self, key) -> None:
+        if self.current is not None and self.current["segments"]:
+            segment = self.current["segments"][-1]["work"]
+            segment[key] = segment.get(key, 0) + 1
+
+    def launch(self, kind: str, n: int) -> None:
+        if self.current is not None and self.current["segments"]:
+            self.current["segments"][-1][kind] += n
