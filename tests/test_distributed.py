@@ -59,7 +59,7 @@ def test_the_report_names_int64_values_a_collective_sends_not_the_buffers_it_wil
 def test_under_torchrun_a_processs_core_is_neuron_local_rank_as_on_torchneuron(tmp_path):
     """TorchNeuron's numbering (NeuronDevice.cpp): device_count() the local world size, current_device()
     the local rank, another rank's index refused in TorchNeuron's words (tests/distributed/device_model.py)."""
-    assert torchrun("device_model.py", 2, tmp_path) == ["0 21", "1 21"]
+    assert torchrun("device_model.py", 2, tmp_path) == ["0 22", "1 22"]
 
 
 DDP_PROGRAM = os.path.join(HERE, "programs", "simulate", "ddp_train.py")
@@ -210,6 +210,18 @@ def test_a_rank_given_its_core_by_the_user_is_still_numbered_by_its_local_rank()
     """, NEURON_RT_VISIBLE_CORES="3")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["1", "2", "1", "3", "neuron:1", "neuron"]
+
+
+def test_a_launchers_core_count_gives_way_to_the_ranks_one_core():
+    # NEURON_RT_NUM_CORES=2 exported for `accelerate launch` (2 processes): each process then has one core.
+    r = run("""
+        import os, torch, torch.distributed as dist
+        os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        print(torch.neuron.device_count(), torch.neuron.current_device(), torch.neuron.get_device_properties().core_id)
+    """, NEURON_RT_NUM_CORES="2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["2", "1", "1"]
 
 
 def _free_port():

@@ -257,12 +257,24 @@ import json, os, torch
 from accelerate import Accelerator
 
 accelerator = Accelerator()
-gathered = accelerator.gather(torch.tensor([float(accelerator.process_index)], device=accelerator.device))
+index = accelerator.process_index
+gathered = accelerator.gather(torch.tensor([float(index)], device=accelerator.device))
+# a 2-D tensor: gather() passes all_gather_into_tensor a flat output (the path NCCL and TorchNeuron take)
+rows = accelerator.gather(torch.full((2, 3), float(index), device=accelerator.device))
+torch.manual_seed(0)
+model, optimizer = accelerator.prepare(torch.nn.Linear(3, 1), torch.optim.Adam(torch.nn.Linear(3, 1).parameters()))
+accelerator.backward(model(torch.full((2, 3), float(index + 1), device=accelerator.device)).sum())
+state = os.path.join(os.environ["RESULT_DIR"], "state")
+# pytorch format: safetensors refuses device="neuron:0" (its device list is fixed), on Trainium too
+accelerator.save_state(state, safe_serialization=False)
+accelerator.wait_for_everyone()  # a barrier with device_ids=[local rank]
+accelerator.load_state(state, map_location="on_device")
 report = {"distributed_type": str(accelerator.distributed_type), "device": str(accelerator.device),
           "core": torch.neuron.get_device_properties(accelerator.device).core_id,
           "backend": torch.distributed.get_backend(), "gathered": gathered.tolist(),
-          "gathered_device": gathered.device.type}
-with open(os.path.join(os.environ["RESULT_DIR"], f"rank{accelerator.process_index}.txt"), "w") as f:
+          "gathered_device": gathered.device.type, "rows": rows.tolist(), "model": type(model).__name__,
+          "grad": model.module.weight.grad.tolist(), "grad_device": str(model.module.weight.grad.device)}
+with open(os.path.join(os.environ["RESULT_DIR"], f"rank{index}.txt"), "w") as f:
     f.write(json.dumps(report))
 """
 
@@ -274,6 +286,8 @@ def test_accelerate_under_torchrun_gives_each_process_its_neuron_core_and_gather
     assert r.returncode == 0, r.stderr[-4000:]
     reports = [json.loads((tmp_path / f"rank{rank}.txt").read_text()) for rank in range(2)]
     for rank, report in enumerate(reports):
-        # one core per process, as on TorchNeuron: each sees its core as neuron:<LOCAL_RANK>
+        # one core per process, as on TorchNeuron: each sees its core as neuron:<LOCAL_RANK>, and DDP is given it
         assert report == {"distributed_type": "DistributedType.MULTI_NEURON", "device": f"neuron:{rank}", "core": rank,
-                          "backend": "neuron", "gathered": [0.0, 1.0], "gathered_device": "neuron"}
+                          "backend": "neuron", "gathered": [0.0, 1.0], "gathered_device": "neuron",
+                          "rows": [[0.0] * 3] * 2 + [[1.0] * 3] * 2, "model": "DistributedDataParallel",
+                          "grad": [[3.0] * 3], "grad_device": f"neuron:{rank}"}  # d/dw of the summed outputs, averaged

@@ -9,6 +9,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from torch_neuronx import diagnostics
+
 local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
 other = (local + 1) % local_world
 checks = []
@@ -69,6 +71,9 @@ attach = f"Attempted to access device that doesn't attach to this process, recei
 refused("a stream of another index", lambda: torch.neuron.Stream(other), attach)
 refused("synchronize(another)", lambda: torch.neuron.synchronize(other), attach)
 check("nothing moved", torch.neuron.current_device() == local and torch.neuron.memory_allocated() == 24)
+report = diagnostics.report()
+check("the report's memory row is this core's", [(m.device, m.emulated_capacity_bytes) for m in report.memory]
+      == [(f"neuron:{local}", torch.neuron.get_device_properties().total_memory)], report.memory)
 
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{dist.get_rank()}.txt"), "w") as f:
     f.write(f"{dist.get_rank()} {len(checks)}")

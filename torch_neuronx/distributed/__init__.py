@@ -63,6 +63,7 @@ def bind_local_core(store, rank: int, world_size: int) -> None:
     if "NEURON_RT_VISIBLE_CORES" not in os.environ:
         _check_fits_instance(local_world)
         os.environ["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
+        os.environ.pop(topology.NUM_CORES_ENV, None)  # the launcher's core count: this process now has one
     apply_topology()
     visible = topology.current().visible_cores
     if len(visible) != 1:

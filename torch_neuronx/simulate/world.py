@@ -176,7 +176,6 @@ def _distributed_as_rank(stack: contextlib.ExitStack, rank: int, world: int, gro
             raise AssertionError(f"{distributed.RUNTIME_STARTED} (the first neuron tensor: {group.early_tensor})")
         group.started = True
         if bind:
-            os.environ.pop(topology.NUM_CORES_ENV, None)  # the node's cores were visible until now
             distributed.bind_local_core(FakeStore(), rank, world)
         # Whatever the program asked for (neuron, gloo, env://, a TCPStore), the fake group stands in.
         planned_group.register()
