@@ -8,7 +8,7 @@ import pytest
 
 GiB, MiB = 1 << 30, 1 << 20
 VARIABLES = ("TORCH_NEURONX_INSTANCE_TYPE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
-             "NEURON_RT_NUM_CORES", "TORCH_NEURONX_DEVICE_MEMORY")
+             "NEURON_RT_NUM_CORES", "TORCH_NEURONX_DEVICE_MEMORY", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def run(*args, **variables):
@@ -103,6 +103,31 @@ def test_table_and_topology_of_a_single_chip_with_memory_override():
     assert table_rows(result.stdout) == [["0", "2", "0-1", "32 GB", "-", "0-1"]]
     assert "memory per logical core: 1.00 GiB (set by TORCH_NEURONX_DEVICE_MEMORY)" in result.stdout
     assert "trn1.2xlarge has one Trainium chip" in result.stdout
+
+
+@pytest.mark.parametrize("variables, visible, says", [
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, [1], "logical core 1, which torch calls neuron:1"),
+    # the launcher's core count gives way to the rank's one core; a core the user gave the rank stays its
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NEURON_RT_NUM_CORES": "2"}, [1], "logical core 1"),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NEURON_RT_VISIBLE_CORES": "3"}, [3],
+     "logical core 3, which torch calls neuron:1 (torch.neuron.device_count() is 2)"),
+    ({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NEURON_RT_VISIBLE_CORES": "0-1"}, [0, 1],
+     "refuses more than one per process"),
+])
+def test_inside_a_torchrun_job_it_shows_the_ranks_core_and_its_number(variables, visible, says):
+    assert [i for c in chips(**variables) for i in c["visible_neuroncore_ids"]] == visible
+    result = run(**variables)
+    assert result.returncode == 0 and f"under torchrun (LOCAL_RANK={variables['LOCAL_RANK']}" in result.stdout
+    assert says in result.stdout, result.stdout
+
+
+def test_neuron_ls_run_by_torchrun_shows_each_rank_its_own_core():
+    from helpers.isolated import torchrun
+
+    r = torchrun(os.path.join(os.path.dirname(sys.executable), "neuron-ls"), 2, launcher=["--no-python"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank in (0, 1):
+        assert f"this process's one NeuronCore is logical core {rank}, which torch calls neuron:{rank}" in r.stdout
 
 
 @pytest.mark.parametrize("variables, named", [

@@ -21,9 +21,10 @@ def run(code: str, argv=(), **env) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def torchrun(script: str, ranks: int, *args, **env) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node=ranks script args`` in a fresh interpreter, on a free rendezvous port."""
-    argv = ["torchrun", f"--nproc_per_node={ranks}", "--rdzv-endpoint=localhost:0", "--rdzv-backend=c10d", script,
-            *args]
+def torchrun(script: str, ranks: int, *args, launcher=(), **env) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=ranks [launcher options] script args`` in a fresh interpreter, on a
+    free rendezvous port."""
+    argv = ["torchrun", f"--nproc_per_node={ranks}", "--rdzv-endpoint=localhost:0", "--rdzv-backend=c10d",
+            *launcher, script, *args]
     return run(f"import sys, runpy; sys.argv = {argv!r}; runpy.run_module('torch.distributed.run', run_name='__main__')",
                **env)

@@ -2,14 +2,16 @@
 
 One row per Trainium chip (a "neuron device"): its logical NeuronCores, HBM, the chips
 it is wired to, and which of its cores this process sees (``NEURON_RT_VISIBLE_CORES`` /
-``NEURON_RT_NUM_CORES``). Everything comes from :mod:`torch_neuronx.runtime.topology`; unlike the
-real tool there are no PCI devices (the BDF addresses are made up), no driver or
-firmware, and no processes using the cores.
+``NEURON_RT_NUM_CORES``; inside a torchrun job, the local rank's core, and the number torch
+gives it). Everything comes from :mod:`torch_neuronx.runtime.topology`; unlike the real tool
+there are no PCI devices (the BDF addresses are made up), no driver or firmware, and no
+processes using the cores.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from torch_neuronx.runtime import hardware, topology
@@ -21,8 +23,33 @@ PROG = "neuron-ls"
 
 def load(environ=None) -> topology.Topology:
     """The topology of the environment, without torch's limit of 127 devices per process:
-    neuron-ls lists the whole instance (trn2.48xlarge with LNC=1 has 128 logical cores)."""
-    return topology.from_env(environ, max_devices=None)
+    neuron-ls lists the whole instance (trn2.48xlarge with LNC=1 has 128 logical cores). Inside a
+    torchrun job, the cores are those the rank gets from init_process_group (see :func:`torchrun_env`)."""
+    return topology.from_env(torchrun_env(os.environ if environ is None else environ), max_devices=None)
+
+
+def torchrun_env(environ) -> dict:
+    """``environ`` as the neuron backend leaves it once a rank's first group binds it (LOCAL_RANK set,
+    NEURON_RT_VISIBLE_CORES not): the local rank's core visible, the launcher's core count dropped."""
+    env = dict(environ)
+    if "LOCAL_RANK" in env and topology.VISIBLE_CORES_ENV not in env:
+        env[topology.VISIBLE_CORES_ENV] = env["LOCAL_RANK"]
+        env.pop(topology.NUM_CORES_ENV, None)
+    return env
+
+
+def torchrun_note(topo: topology.Topology, environ) -> str | None:
+    """Inside a torchrun job: which core the rank has and the number torch gives it (TorchNeuron's)."""
+    if "LOCAL_RANK" not in environ:
+        return None
+    local_rank, local_world = environ["LOCAL_RANK"], environ.get("LOCAL_WORLD_SIZE", "?")
+    where = f"under torchrun (LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world})"
+    if len(topo.visible_cores) != 1:
+        return (f"{where}: {topology.VISIBLE_CORES_ENV} gives this process {len(topo.visible_cores)} cores, and "
+                "init_process_group(backend='neuron') refuses more than one per process")
+    return (f"{where}: from init_process_group(backend='neuron') on, this process's one NeuronCore is logical core "
+            f"{topo.visible_cores[0]}, which torch calls neuron:{local_rank} (torch.neuron.device_count() is "
+            f"{local_world}); the other cores are the other ranks'")
 
 
 def bdf(chip: int) -> str:
@@ -81,6 +108,9 @@ def text(topo: topology.Topology, show_topology: bool) -> str:
     else:
         reserved = hardware.RUNTIME_RESERVED_PER_PHYSICAL_CORE // hardware.MiB
         out.append(f"{memory} (HBM share minus the runtime's {reserved} MiB per physical core)")
+    note = torchrun_note(topo, os.environ)
+    if note is not None:
+        out.append(note)
     if len(topo.visible_cores) > topology.MAX_TORCH_DEVICES:
         out.append(f"note: torch can index at most {topology.MAX_TORCH_DEVICES} neuron devices in a process; "
                    f"set {topology.VISIBLE_CORES_ENV} or {topology.NUM_CORES_ENV} to use fewer")
