@@ -1,8 +1,9 @@
 """The simulator at full size: `python -m torch_neuronx.simulate` on a Llama-style 8B model with
 TP=8 x FSDP=8 over the 64 ranks of a trn2.48xlarge (structure mode), the same model reduced in
-depth and width under --numerics on the same 64 ranks (TP=8 x FSDP=8, against one device), and
-the Flux2 transformer at its 4B (FLUX.2-klein-4B) configuration, tensor parallel over the 4 cores
-of a trn2.3xlarge.
+depth and width under --numerics on the same 64 ranks (TP=8 x FSDP=8, against one device), the
+Flux2 transformer at its 4B (FLUX.2-klein-4B) configuration, tensor parallel over the 4 cores of a
+trn2.3xlarge, and a Llama-style 1B (Llama 3.2 1B's shape) under DDP on the 64 ranks of a
+trn2.48xlarge, its gradient buckets' all-reduces in the plan.
 
 Measures the wall time and the peak memory of the whole simulation (the resident memory of the
 parent and its ranks' children, two at a time, summed, sampled every 0.2 s: an upper bound, as the
@@ -42,6 +43,8 @@ def _rss(pid):
     return total
 
 
+LLAMA_1B = ["--layers", "16", "--hidden", "2048", "--ffn", "8192", "--heads", "32", "--kv-heads", "8",
+            "--vocab", "128256", "--seq", "2048", "--tp", "1", "--ddp", "--steps", "2"]
 NUMERICS_LLAMA = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "16", "--kv-heads", "8", "--vocab",
                   "512", "--seq", "32", "--batch", "2", "--dtype", "float32", "--tp", "8"]
 
@@ -86,13 +89,20 @@ def summary(plan):
             "rank0_collectives": ranks[0]["collective_calls"] if ranks else 0, "rank0_collectives_by_op": ops,
             "communication_seconds": plan["communication"]["seconds"], "step_seconds": plan["time"]["step_seconds"], "divergence": plan["divergence"],
             "script_runs": plan["simulation"]["script_runs"], "symmetry": plan["simulation"].get("symmetry"),
-            "errors": [r["error"] for r in ranks if "error" in r]}
+            "errors": [r["error"] for r in ranks if "error" in r], "backward_overlap": _buckets(plan)}
+
+
+def _buckets(plan):
+    """Rank 0's DDP buckets per backward: their all-reduces' bytes, the time hidden and after."""
+    return [{"all_reduce_bytes": [c["bytes"] for c in b["calls"]], "line": b["calls"][0]["line"],
+             "hidden_seconds": b["hidden_seconds"], "exposed_seconds": b["exposed_seconds"]}
+            for b in (plan.get("time") or {}).get("backward_overlap", [])]
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
-    parser.add_argument("--only", choices=("llama", "numerics", "flux", "verify"), default=None,
+    parser.add_argument("--only", choices=("llama", "numerics", "flux", "ddp", "verify"), default=None,
                         help="one part; 'verify' (not in the default run: ~3 minutes more) compares the relabelled "
                              "plan of a 4-layer 8B-wide model on 64 ranks with running every rank")
     opts = parser.parse_args()
@@ -121,6 +131,13 @@ def main():
         ok = r["returncode"] in (0, 1) and not r["plan"]["errors"]
         entries.append(targets.target("simulate Flux2 4B TP4 (trn2.3xlarge): per-rank peak", [r["plan"]["peak_bytes_max"]
                                       / GiB] if ok else [], r["plan"]["capacity_bytes"] / GiB, unit="GiB"))
+    if opts.only in (None, "ddp"):
+        r = simulate(["--nproc-per-node", "64", "--instance", "trn2.48xlarge",
+                      os.path.join(PROGRAMS, "llama_tp_fsdp.py"), *LLAMA_1B], os.path.join(work, "ddp"))
+        results["llama1b_ddp_64_ranks"] = r
+        ok = r["returncode"] in (0, 1) and not r["plan"]["errors"]
+        entries.append(targets.target("simulate 1B DDP, 64 ranks: wall time", [r["seconds"]] if ok else [], 600,
+                                      unit="s"))
     if opts.only == "verify":
         args = ["--nproc-per-node", "64", "--instance", "trn2.48xlarge", os.path.join(PROGRAMS, "llama_tp_fsdp.py"),
                 "--tp", "8", "--layers", "4"]

@@ -27,8 +27,8 @@ def real_run(tmp_path, ranks, *options):
     return torch.load(tmp_path / "rank0.pt")
 
 
-def simulated(tmp_path, simulate, ranks, *options, mode=()):
-    r, plan = simulate(tmp_path, *mode, "--nproc-per-node", str(ranks), "--instance", "trn2.3xlarge", PROGRAM,
+def simulated(tmp_path, simulate, ranks, *options, mode=(), program=PROGRAM):
+    r, plan = simulate(tmp_path, *mode, "--nproc-per-node", str(ranks), "--instance", "trn2.3xlarge", program,
                        *options)
     assert r.returncode == 0, r.stderr[-4000:]
     return plan
@@ -119,3 +119,21 @@ def test_a_hard_coded_neuron_0_fails_on_ranks_1_to_3_naming_the_line(tmp_path, s
     assert r.returncode == 1 and f"failed on ranks 1-3 at {line}: RuntimeError: Device index 0 is out of range" \
         in r.stderr, r.stderr
     assert ["error" in rank for rank in plan["ranks"]] == [False, True, True, True]
+
+
+LLAMA = os.path.join(os.path.dirname(PROGRAM), "llama_tp_fsdp.py")
+SMALL_LLAMA_DDP = ["--ddp", "--tp", "1", "--steps", "2", "--layers", "2", "--hidden", "64", "--ffn", "128", "--heads",
+                   "4", "--kv-heads", "4", "--vocab", "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
+
+
+def test_a_llama_under_ddp_is_planned_from_two_ranks_and_equals_one_device(tmp_path, simulate):
+    """The benchmark's program (a Llama-style decoder under DDP), small: it never uses its rank, so ranks 0
+    and 3 run and the others are relabelled; each backward all-reduces every gradient's bytes (the first in
+    one bucket: DDP knows the order only after it); --numerics equals one device."""
+    plan = simulated(tmp_path / "plan", simulate, 4, *SMALL_LLAMA_DDP, program=LLAMA)
+    assert plan["simulation"]["script_runs"] == 2 and plan["simulation"]["symmetry"]["used"]
+    first, second = plan["time"]["backward_overlap"]
+    params = 4 * (2 * 256 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64)  # float32: embedding, output, blocks, norm
+    assert [c["bytes"] for c in first["calls"]] == [params] and sum(c["bytes"] for c in second["calls"]) == params
+    numerics = simulated(tmp_path / "numerics", simulate, 4, *SMALL_LLAMA_DDP, program=LLAMA, mode=("--numerics",))
+    assert numerics["numerics"]["ok"] and {"loss", "loss_after"} <= set(numerics["numerics"]["outputs"])

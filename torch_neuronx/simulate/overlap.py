@@ -9,7 +9,8 @@ callback at the backward's end (static_graph's first iteration, FSDP2's last red
 compute is left to hide it) is not. Each backward
 with such collectives leaves a record: its step, the collectives' indices in the rank's record (in
 launch order), and after each the work and launches that follow it up to the next one, or to the
-end of the backward (a segment). The plan costs them (plan.hidden_seconds).
+end of the backward's last autograd node (a segment; DDP waits for its buckets in a callback after
+that). The plan costs them (plan._hidden).
 """
 from __future__ import annotations
 
@@ -58,11 +59,18 @@ class Backwards:
             self.current["calls"].append(index)
             self.current["segments"].append({"work": {}, "eager": 0, "graph": 0})
 
+    def _after_a_launch(self) -> bool:
+        """Whether work now runs after a launched collective and can hide it: inside an autograd node.
+        The backward's callbacks at its end come after DDP's wait (its finalize copies the results
+        back into the gradients)."""
+        return bool(self.current is not None and self.current["segments"]
+                    and torch._C._current_autograd_node() is not None)
+
     def work(self, key) -> None:
-        if self.current is not None and self.current["segments"]:
+        if self._after_a_launch():
             segment = self.current["segments"][-1]["work"]
             segment[key] = segment.get(key, 0) + 1
 
     def launch(self, kind: str, n: int) -> None:
-        if self.current is not None and self.current["segments"]:
+        if self._after_a_launch():
             self.current["segments"][-1][kind] += n

@@ -1,9 +1,12 @@
 """A Llama-style decoder trained one step with tensor parallelism inside each group of TP ranks and
 FSDP2 across the groups, written for torchrun. Built on the meta device, sharded, then given
-weights; `--layers/--hidden/...` shrink it (the default is Llama 3 8B's shape).
+weights; `--layers/--hidden/...` shrink it (the default is Llama 3 8B's shape). With `--ddp` (and
+`--tp 1`) data parallelism is DDP instead: every rank holds the whole model on its own core,
+neuron:<LOCAL_RANK>, and DDP(device_ids=[local rank]) all-reduces the gradients in buckets as the
+backward reaches them (Llama 3.2 1B: --layers 16 --hidden 2048 --ffn 8192 --vocab 128256).
 
-Top-level results, which `--numerics` compares with one device: `loss` (before the step) and
-`loss_after` (after one SGD step: the gradients' reduce-scatter and the update are in it).
+Top-level results, which `--numerics` compares with one device: `loss` (before the first step) and
+`loss_after` (after the SGD steps, one by default: the gradients' reduction and the update are in it).
 On one rank (WORLD_SIZE=1) it runs un-sharded: the single-device reference. Every rank trains on
 the same batch (drawn on the CPU from one seed), so FSDP2 averages equal gradients: the check covers
 sharding, gathering, reduce-scattering and the update, not averaging different data."""
@@ -18,6 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--layers", type=int, default=32)
@@ -30,7 +34,11 @@ parser.add_argument("--seq", type=int, default=2048)
 parser.add_argument("--batch", type=int, default=1)
 parser.add_argument("--tp", type=int, default=8)
 parser.add_argument("--dtype", default="bfloat16")
+parser.add_argument("--ddp", action="store_true", help="data parallel by DDP instead of FSDP2 (with --tp 1)")
+parser.add_argument("--steps", type=int, default=1, help="SGD steps (DDP rebuilds its buckets after the first)")
 args = parser.parse_args()
+if args.ddp and args.tp != 1:
+    parser.error("--ddp replicates the whole model on every rank: give --tp 1")
 dtype = getattr(torch, args.dtype)
 
 
@@ -103,7 +111,7 @@ device = torch.device("neuron", torch.neuron.current_device())
 with torch.device("meta"):
     model = Llama().to(dtype)
 
-if world > 1:
+if world > 1 and not args.ddp:
     tp = min(args.tp, world)
     dp = world // tp
     # A 1-D mesh when one of the two is 1 (--numerics handles 1-D meshes; see README).
@@ -138,16 +146,22 @@ with torch.no_grad():
         else:
             p.copy_(full)
 
+if args.ddp and world > 1:
+    model = DistributedDataParallel(model, device_ids=[device.index])
+
 torch.manual_seed(1234)
 tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1)).to(device)
 inputs, targets = tokens[:, :-1], tokens[:, 1:]
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-logits = model(inputs)
-loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-loss.backward()
-optimizer.step()
-optimizer.zero_grad()
-del logits
+loss = None
+for _ in range(args.steps):
+    logits = model(inputs)
+    step_loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    step_loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    del logits
+    loss = step_loss if loss is None else loss
 with torch.no_grad():
     loss_after = F.cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten())
 loss, loss_after = loss.detach(), loss_after.detach()
