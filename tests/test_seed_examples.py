@@ -4,6 +4,7 @@ plain PyTorch on CPU: eager equals CPU, tensor parallel equals one core; and the
 The compiled programs are in test_seed_examples_compiled.py (a file of their own, so that another
 worker can run them meanwhile)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -41,7 +42,10 @@ def test_main_job_relaunches_itself_under_torchrun_for_tensor_parallel(tmp_path)
     r = program(["-m", "torch_neuronx.demo", *SIZE, "--steps", "2", "--tp", "2", "--output",
                  str(tmp_path / "tp.png")], tmp_path)
     assert "tensor parallel over 2 cores" in r.stdout and "vs one core" in r.stdout, r.stdout
-    assert "rank 1" in r.stdout and (tmp_path / "tp.png").exists()
+    assert (tmp_path / "tp.png").exists()
+    # each rank's peak on its own core, neuron:<LOCAL_RANK> (rank 1's is not its empty neuron:0)
+    peaks = re.search(r"memory peak per core: rank 0 (\S+) \S+, rank 1 (\S+) \S+", r.stdout)
+    assert peaks and float(peaks.group(1)) > 0 and float(peaks.group(2)) > 0, r.stdout
 
 
 def test_a_model_without_weights_is_a_clear_error(tmp_path):

@@ -88,9 +88,10 @@ def table(rows: list[Phase]) -> str:
 def describe_device() -> str:
     from torch_neuronx.runtime import topology
 
-    props = torch.neuron.get_device_properties(0)
+    index = torch.neuron.current_device()  # under torchrun the rank's core, neuron:<LOCAL_RANK>
+    props = torch.neuron.get_device_properties(index)
     count = torch.neuron.device_count()
-    return (f"device neuron:0 ({props.name}, NeuronCore {props.core_id}), {topology.current().describe()}: "
+    return (f"device neuron:{index} ({props.name}, NeuronCore {props.core_id}), {topology.current().describe()}: "
             f"{count} visible core{'s' if count != 1 else ''}, {format_bytes(props.total_memory)} each; "
             "ops run on this host's CPU")
 
@@ -212,7 +213,7 @@ def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
     image = generate(pipe, args.height, args.width, args.steps, args.seed)
     seconds = time.perf_counter() - start
     peaks = [None] * dist.get_world_size()
-    dist.all_gather_object(peaks, torch.neuron.max_memory_allocated(0))
+    dist.all_gather_object(peaks, torch.neuron.max_memory_allocated())  # this rank's core, neuron:<LOCAL_RANK>
     if rank == 0:
         one_core = Flux2KleinPipeline.from_pretrained(source, dtype=dtype).to(device)
         start = time.perf_counter()

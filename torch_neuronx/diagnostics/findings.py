@@ -52,7 +52,7 @@ KINDS = {
         'create neuron tensors after dist.init_process_group(backend="neuron")'),
     "safetensors-device": Kind(
         "would-fail", "safetensors rejects device=\"neuron\" (its list of devices is fixed), on Trainium too",
-        'load to CPU (device="cpu") and move with .to("neuron"), or pass device=0'),
+        'load to CPU (device="cpu") and move with .to("neuron"), or pass device=torch.neuron.current_device()'),
     "stablehlo-lowering": Kind(
         "would-fail", "this op of a compiled graph does not lower to StableHLO, so neuronx-cc never gets the "
         "graph: the compile fails on Trainium",

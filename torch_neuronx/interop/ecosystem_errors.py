@@ -26,7 +26,8 @@ INDUCTOR_FIX = (
 SAFETENSORS_FIX = (
     'safetensors knows no "neuron" device (its device list is fixed: the same on Trainium). '
     'Load to CPU and move: load_file(path, device="cpu") then .to("neuron"); or pass the bare '
-    'device index, load_file(path, device=0), which torch resolves to neuron:0, the accelerator')
+    'device index, load_file(path, device=torch.neuron.current_device()), which torch resolves to that '
+    'neuron device (0 outside torchrun; under torchrun the local rank, each process\'s own core)')
 
 # (kind, what was called, detail) -> None; called where the error happens, on the user's stack.
 _listeners: list[Callable[[str, str, str], None]] = []
