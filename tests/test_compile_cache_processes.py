@@ -28,8 +28,14 @@ SCRIPT = """
 """
 
 
-def compile_in_subprocess(neff_dir, **env):
-    r = run(SCRIPT, TORCH_NEURONX_NEFF_CACHE_DIR=str(neff_dir), **env)
+# The same model trained one step: its graph's backward is compiled, and cached, with its forward.
+TRAIN_SCRIPT = SCRIPT.replace("with torch.no_grad():\n        out = compiled(", "if True:\n        out = compiled(") \
+    .replace('print(json.dumps({"out": out.cpu().tolist(),',
+             'out.sum().backward()\n    print(json.dumps({"out": model[0].weight.grad.cpu().tolist(),')
+
+
+def compile_in_subprocess(neff_dir, script=SCRIPT, **env):
+    r = run(script, TORCH_NEURONX_NEFF_CACHE_DIR=str(neff_dir), **env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1]), r.stderr
 
@@ -362,11 +368,13 @@ def _logging_compiler(tmp_path):
     return str(wrapper), log
 
 
-def test_a_shared_cache_copied_to_a_second_machine_compiles_nothing_and_refuses_tampering(tmp_path):
+@pytest.mark.parametrize("script", [SCRIPT, TRAIN_SCRIPT], ids=["inference", "training"])
+def test_a_shared_cache_copied_to_a_second_machine_compiles_nothing_and_refuses_tampering(tmp_path, script):
     from torch_neuronx.neuron_dynamo_backend.caching import entries
 
     compiler, log = _logging_compiler(tmp_path)
-    env = {"CXX": compiler, "TORCH_NEURONX_NEFF_CACHE_KEY": "the-team-key-0123456789", "TMPDIR": str(tmp_path)}
+    env = {"CXX": compiler, "TORCH_NEURONX_NEFF_CACHE_KEY": "the-team-key-0123456789", "TMPDIR": str(tmp_path),
+           "script": script}
     first, _ = compile_in_subprocess(tmp_path / "a", TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR=str(tmp_path / "local-a"),
                                      **env)
     assert first["counters"]["TotalCompilations"] == 1 and ".cpp" in log.read_text()

@@ -168,7 +168,8 @@ def _load(cache: neff_cache.NeffCache, key: str, compile_fn: Callable[[], Any]) 
         libraries.restore(cache, listed, cache_dir())  # built libraries a new working cache lacks
         torch.compiler.load_cache_artifacts(artifacts)  # Inductor's artifacts, hot-loaded
         misses = _cache_misses()
-        compiled = compile_fn()  # finds everything in Inductor's caches: nothing is compiled
+        with _backward_with_forward():
+            compiled = compile_fn()  # finds everything in Inductor's caches: nothing is compiled
         return compiled, _cache_misses() == misses, time.perf_counter() - start
     except Exception as error:  # noqa: BLE001 - a bad entry must never stop a compile
         warnings.warn(f"[NEFF_CACHE] could not load compile cache entry {key} ({error!r}); recompiling",
@@ -176,11 +177,18 @@ def _load(cache: neff_cache.NeffCache, key: str, compile_fn: Callable[[], Any]) 
         return None
 
 
+def _backward_with_forward():
+    """AOTAutograd compiles a training graph's backward with its forward, not at the first backward:
+    then the entry holds both (and the libraries of both), and a new working cache (another machine)
+    compiles neither. A graph that is never backpropagated pays its backward's compile once, cold."""
+    return torch._functorch.config.patch(force_non_lazy_backward_lowering=True)
+
+
 def _compile_and_store(cache: neff_cache.NeffCache, key: str, compile_fn: Callable[[], Any]) -> tuple[Any, bool, float]:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch.compiler._cache import CacheArtifactManager
 
-    with CacheArtifactManager.with_fresh_cache(), libraries.noting_sources() as sources:
+    with CacheArtifactManager.with_fresh_cache(), libraries.noting_sources() as sources, _backward_with_forward():
         compiled, seconds = _timed(compile_fn)
         # Only this graph's artifacts: with caching precompile on, saving would also write (and
         # bundle here) the packages of the functions compiled so far (:mod:`.precompile` stores those).
