@@ -88,6 +88,10 @@ flat = torch.zeros(4 * world, device=dev)
 dist.all_gather_into_tensor(flat, mine()().view(2, 2).to(dev))
 shaped = torch.zeros(2 * world, 2)
 dist.all_gather_into_tensor(shaped, mine()().view(2, 2))
+if os.environ.get("TORCH_NEURONX_COLLECTIVE_CHECKS", "1") != "0":  # CPU tensors too, through the checked group
+    flat_cpu = torch.zeros(4 * world)
+    dist.all_gather_into_tensor(flat_cpu, mine()().view(2, 2))
+    assert torch.equal(flat_cpu, shaped.flatten()), flat_cpu
 same("all_gather_into_tensor flat output", flat, shaped.flatten())
 on_both("reduce_scatter", lambda out, ts: (dist.reduce_scatter(out, ts), out)[1], zeros(3),
         lambda: [torch.arange(3.0) * (r + 1) + rank for r in range(world)])
