@@ -15,21 +15,34 @@ import contextlib
 
 from torch_neuronx.diagnostics import trainium_attention
 from torch_neuronx.runtime import hooks
-from torch_neuronx.simulate import steps
+from torch_neuronx.simulate import replay, steps
+
+# Replay a graph's later calls with the same inputs (replay.py); a test turns it off to hold the
+# replayed plan to the one every call runs for.
+REPLAY = True
 
 
 def _part(name: str, kind: str):
-    """AOTAutograd's compiler of one part (forward, backward, inference): run its graph as it is."""
+    """AOTAutograd's compiler of one part (forward, backward, inference): run its graph as it is the
+    first time, and replay that call for each later one with the same inputs (replay.py)."""
     def compile_part(fx_graph, _example_inputs):
         label = name if kind != "backward" else f"{name}.backward"
+        recordings = {}  # inputs' signature -> the first such call's record
 
         def run(args):
             active = steps.recording
-            with active.graph_call(label, args) if active is not None else contextlib.nullcontext() as call:
-                outputs = fx_graph(*args)
-                if call is not None:
-                    call.outputs = outputs
-            return outputs
+            if active is None:
+                return fx_graph(*args)
+            key = replay.signature(args) if REPLAY else None
+            if key is not None and key in recordings:
+                return active.replay_graph(recordings[key], args)
+            with active.graph_call(label, args) as call:
+                call.outputs = fx_graph(*args)
+            if key is not None:
+                recordings[key] = call.recording(active.record, args)
+                if recordings[key] is None:
+                    del recordings[key]
+            return call.outputs
 
         run._boxed_call = True  # AOTAutograd passes the arguments as one list
         return run

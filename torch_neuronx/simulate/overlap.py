@@ -66,10 +66,10 @@ class Backwards:
         return bool(self.current is not None and self.current["segments"]
                     and torch._C._current_autograd_node() is not None)
 
-    def work(self, key) -> None:
+    def work(self, key, n: int = 1) -> None:
         if self._after_a_launch():
             segment = self.current["segments"][-1]["work"]
-            segment[key] = segment.get(key, 0) + 1
+            segment[key] = segment.get(key, 0) + n
 
     def launch(self, kind: str, n: int) -> None:
         if self._after_a_launch():

@@ -139,8 +139,8 @@ def grouped_collectives(rec) -> dict[tuple, int]:
     """{(op, ranks, bytes, shapes, line, step): calls} of a record, in the order first called;
     a relabelled record's groups translated (symmetry.relabel_lightly)."""
     cached = getattr(rec, "grouped", None)
-    if cached is None:
-        cached = {}
+    if cached is None:  # once per record: a decode of 1,500 steps makes 243,000 calls
+        cached = rec.grouped = {}
         for c in rec.collectives:
             key = (c.op, c.ranks, c.bytes, c.shapes, c.line, c.step)
             cached[key] = cached.get(key, 0) + 1

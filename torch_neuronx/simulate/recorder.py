@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from torch_neuronx.diagnostics import time_model
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, frames
-from torch_neuronx.simulate import compiled, overlap, steps
+from torch_neuronx.simulate import compiled, overlap, replay, steps
 
 
 # c10d ops (dist.* calls) and functional collectives (DTensor, FSDP2's reduce-scatter, compiled
@@ -134,10 +135,24 @@ class RankRecord:
 
 
 class GraphCall:
-    """One call of a compiled graph being costed as one fused NEFF."""
+    """One call of a compiled graph being costed as one fused NEFF, and what it did (to replay it)."""
 
-    def __init__(self, name: str, account: time_model.FusedAccount):
+    def __init__(self, name: str, account: time_model.FusedAccount, record: RankRecord):
         self.name, self.account, self.outputs = name, account, None
+        self.work: Counter = Counter()
+        self.first_collective, self.start_bytes = len(record.collectives), record.current_bytes
+        self.start_allocations, self.high_water = record.allocations, 0
+        self.replayable = True  # not when a graph call ran inside it (its work is not in self.work)
+
+    def recording(self, record: RankRecord, args) -> replay.GraphRecording | None:
+        """This call's record for replay.py, or None when it cannot be replayed."""
+        layouts = replay.output_layouts(args, self.outputs) if self.outputs is not None else None
+        if not self.replayable or layouts is None:
+            return None
+        collectives = [(c.op, c.ranks, c.bytes, c.shapes) for c in record.collectives[self.first_collective:]]
+        allocations = record.allocations - self.start_allocations - replay.new_outputs(layouts)
+        return replay.GraphRecording(self.name, Counter(self.work), collectives, self.high_water, allocations,
+                                     layouts, type(self.outputs))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -166,6 +181,8 @@ class RankRecorder(TorchDispatchMode):
         self._meta = None
         self._step: str | None = None
         self._graph: GraphCall | None = None
+        self._high = 0  # the live total's high-water mark inside the current graph call
+        self._replaying = False  # rebuilding a replayed graph's outputs: memory, not compute
         self._backwards = overlap.Backwards(self.record, lambda: self._step,
                                             lambda: (lambda line, site: line or site)(*user_frames(self.script)))
         self._engine = None
@@ -202,15 +219,40 @@ class RankRecorder(TorchDispatchMode):
         account = time_model.FusedAccount()
         for key, meta in _keyed_metas(args):
             account.add_input(key, meta.nbytes)
-        call, outer = GraphCall(name, account), self._graph
-        self._graph = call
+        call, outer, outer_high = GraphCall(name, account, self.record), self._graph, self._high
+        self._graph, self._high = call, self.record.current_bytes
         try:
             yield call
         finally:
             self._graph = outer
+            call.high_water = self._high - call.start_bytes
+            self._high = max(outer_high, self._high)
+            if outer is not None:
+                outer.replayable = False
         self._count_launch("graph")
         if call.outputs is not None:
-            self._add_work(("fp32", 0, account.finish(_keyed_metas(call.outputs))))
+            key = ("fp32", 0, account.finish(_keyed_metas(call.outputs)))
+            self._add_work(key)
+            call.work[key] += 1
+
+    def replay_graph(self, recording: replay.GraphRecording, args):
+        """A call of a compiled graph alike its recorded first call (replay.py): its collectives, work,
+        launch and memory again, without running its ops; its outputs rebuilt."""
+        line, site = user_frames(self.script)
+        line = self._backwards.async_line() or line or site
+        for op, ranks, nbytes, shapes in recording.collectives:
+            self.record.collectives.append(Collective(op, ranks, nbytes, shapes, line, self._step))
+            self._backwards.collective(len(self.record.collectives) - 1)
+        for key, n in recording.work.items():
+            self._add_work(key, n)
+        self._count_launch("graph")
+        self._reach(recording.high_water, f"compiled graph {recording.name}")
+        self.record.allocations += recording.allocations
+        self._replaying = True
+        try:
+            return replay.rebuild(recording.outputs, args, recording.output_type)
+        finally:
+            self._replaying = False
 
     def _count_launch(self, kind: str, n: int = 1) -> None:
         if n:
@@ -218,10 +260,10 @@ class RankRecorder(TorchDispatchMode):
             launches[kind] += n
             self._backwards.launch(kind, n)
 
-    def _add_work(self, key) -> None:
+    def _add_work(self, key, n: int = 1) -> None:
         work = self.record.work.setdefault(self._step, {})
-        work[key] = work.get(key, 0) + 1
-        self._backwards.work(key)
+        work[key] = work.get(key, 0) + n
+        self._backwards.work(key, n)
 
     def _compute(self, func, args, kwargs, out) -> None:
         if func.is_view or func.namespace == "prim" or func is torch.ops.aten._unsafe_view.default:
@@ -236,7 +278,9 @@ class RankRecorder(TorchDispatchMode):
         if op == "aten::_local_scalar_dense":
             return  # .item(): a host transfer
         if self._graph is not None:
-            self._add_work(self._graph.account.op(op, inputs, results))
+            key = self._graph.account.op(op, inputs, results)
+            self._add_work(key)
+            self._graph.work[key] += 1
             return
         metas_in, metas_out = tuple(m for _, m in inputs), tuple(m for _, m in results)
         self._add_work(time_model.op_work(op, metas_in, metas_out))
@@ -247,11 +291,23 @@ class RankRecorder(TorchDispatchMode):
     def _add(self, nbytes: int, op: str) -> None:
         rec = self.record
         rec.current_bytes += nbytes
+        if rec.current_bytes > self._high:
+            self._high = rec.current_bytes
         if rec.current_bytes > rec.peak_bytes:
             rec.peak_bytes = rec.current_bytes
             if rec.over is None and rec.current_bytes > self.capacity:
                 line, site = user_frames(self.script)
                 rec.over = OverCapacity(rec.current_bytes, nbytes, op, line, site)
+
+    def _reach(self, nbytes: int, what: str) -> None:
+        """The live total rises ``nbytes`` and falls back (a replayed graph's intermediates)."""
+        rec = self.record
+        live = rec.current_bytes + nbytes
+        if live > rec.peak_bytes:
+            rec.peak_bytes = live
+            if rec.over is None and live > self.capacity:
+                line, site = user_frames(self.script)
+                rec.over = OverCapacity(live, nbytes, what, line, site)
 
     def _track(self, tensor: torch.Tensor, op: str) -> None:
         if tensor.device.type != BACKEND_NAME or self._paused:
@@ -361,6 +417,8 @@ class RankRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace == "prim":
+            return func(*args, **kwargs)  # a tensor's device or layout (Dynamo's guards ask every call)
         # Let DTensor turn itself into local ops first: those are what occupy memory.
         if any(issubclass(t, torch.distributed.tensor.DTensor) for t in types):
             return NotImplemented
@@ -368,7 +426,7 @@ class RankRecorder(TorchDispatchMode):
         if collective:
             self._collective(func, args, kwargs)
         out = func(*args, **kwargs)
-        if not collective and not self._paused:
+        if not collective and not self._paused and not self._replaying:
             self._compute(func, args, kwargs, out)
         flat, _ = tree_flatten(out)
         for t in flat:
