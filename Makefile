@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
 
-.PHONY: all setup demo test test-long test-isa bench bench-real-size sweep-xla clean
+.PHONY: all setup demo test test-long test-isa bench bench-real-size sweep-xla torchneuron-suite clean
 
 all: test
 
@@ -68,6 +68,13 @@ sweep-xla: setup
 	$(PY) tests/helpers/xla_sweep.py --shard 1/2 --json $(BENCH_OUT)/xla-sweep-1.json && wait $$first
 	$(PY) tests/helpers/xla_sweep.py --from-json $(BENCH_OUT)/xla-sweep-0.json $(BENCH_OUT)/xla-sweep-1.json \
 		--json $(BENCH_OUT)/xla-sweep.json --markdown docs/xla-sweep.md
+
+# TorchNeuron's own test suite against this package (TORCHNEURON: a checkout of its public repository,
+# a work tree or a bare git directory; never copied here). Writes $(BENCH_OUT)/torchneuron-suite/.
+TORCHNEURON ?=
+torchneuron-suite: setup
+	@test -n "$(TORCHNEURON)" || { echo "set TORCHNEURON=<a checkout of TorchNeuron's repository>"; exit 2; }
+	$(PY) tests/helpers/torchneuron_suite.py --checkout "$(TORCHNEURON)" --out $(BENCH_OUT)/torchneuron-suite
 
 # Each script writes its numbers to $(BENCH_OUT); the last line prints every target in one table.
 bench: setup
