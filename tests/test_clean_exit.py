@@ -39,7 +39,7 @@ PROGRAMS = {
         m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).to("neuron")
         with torch.autocast("neuron"):
             y = m(torch.randn(4, 8, device="neuron"))
-        assert y.dtype == torch.bfloat16
+        assert y.dtype == torch.float16
         y.float().sum().backward()
     """,
     "optimizer_step": """

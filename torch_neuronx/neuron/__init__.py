@@ -143,8 +143,6 @@ def install(aliases: dict[str, tuple[str, str]]) -> None:
         sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(module, name)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
-    # Trainium computes in bfloat16: make it autocast's default dtype on neuron.
-    torch.set_autocast_dtype(BACKEND_NAME, torch.bfloat16)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _aliases.update(aliases)
 
