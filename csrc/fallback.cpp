@@ -10,12 +10,6 @@
 namespace neuron {
 namespace {
 
-bool is_optional_generator(const c10::Argument& arg) {
-  const auto& type = arg.type();
-  if (type->kind() != c10::TypeKind::OptionalType) return false;
-  return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
-}
-
 // Tensor[], Tensor?[] and Tensor[][] arguments. Tensor?[] is an index list:
 // CPU index tensors beside neuron tensors are allowed, as on CUDA.
 c10::IValue alias_list(CallContext& ctx, const c10::IValue& value) {
@@ -77,7 +71,6 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool results_stay_on_cpu = false;  // an explicit device='cpu' argument
   bool index_off_device = false;
   c10::Device indexed(c10::DeviceType::CPU);  // the first argument's device: `self`, for index lists
-  c10::SmallVector<size_t, 2> default_generator_slots;
   // A collective's output buffers (c10d's `output*` arguments, `recv_`'s tensors) are written, never read.
   const bool collective = op_tracking_level() >= 2 && schema.name().rfind("c10d::", 0) == 0;
   for (size_t i = 0; i < num_args; ++i) {
@@ -104,8 +97,6 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (v.isGenerator()) {
       const auto& generator = v.toGenerator();
       if (generator.device().type() == kNeuron) v = inner_cpu_generator(generator);
-    } else if (v.isNone() && is_optional_generator(arguments[i])) {
-      default_generator_slots.push_back(i);
     } else if (v.isStorage()) {
       const auto storage = v.toStorage();
       if (storage.device_type() == kNeuron) v = ctx.alias_storage(storage);
@@ -116,10 +107,6 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   TORCH_CHECK(!index_off_device, "indices should be either on cpu or on the same device as the indexed tensor (",
               indexed.str(), ")");
   ctx.check_devices();
-  // No generator given: draw from the neuron device's default generator, not the CPU one.
-  for (size_t i : default_generator_slots) {
-    (*stack)[begin + i] = inner_cpu_generator(default_generator(ctx.output_device()));
-  }
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 

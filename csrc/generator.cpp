@@ -1,39 +1,72 @@
-// Per-device random generators. A neuron generator is a facade over its own
-// CPU generator: CPU kernels draw from that one, so the neuron stream is
-// independent of the CPU stream, yet `manual_seed(s)` gives the same numbers as
-// a CPU generator seeded with `s`.
+// Per-device random generators, as TorchNeuron's. A neuron generator's state is 16 bytes, a
+// Philox seed and offset (get_rng_state), and a random op on neuron with no generator draws
+// from CPU's default generator, as TorchNeuron's CPU fallback does: after torch.manual_seed(s),
+// a neuron draw equals the CPU draw at the same place of the CPU stream. A neuron generator
+// passed explicitly draws from a CPU generator of its own, seeded with its seed.
 #include "neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
+#include <c10/core/TensorImpl.h>
 
+#include <cstring>
 #include <deque>
 #include <mutex>
 
 namespace neuron {
 namespace {
 
+constexpr int64_t kStateBytes = 16;  // seed, then offset: little-endian uint64 each
+
 struct NeuronGeneratorImpl final : c10::GeneratorImpl {
   explicit NeuronGeneratorImpl(c10::DeviceIndex index)
       : c10::GeneratorImpl(c10::Device(kNeuron, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         cpu_(at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val)) {}
 
-  void set_current_seed(uint64_t seed) override { cpu_.set_current_seed(seed); }
-  uint64_t current_seed() const override { return cpu_.current_seed(); }
-  uint64_t seed() override { return cpu_.seed(); }
-  void set_offset(uint64_t offset) override { cpu_.set_offset(offset); }
-  uint64_t get_offset() const override { return cpu_.get_offset(); }
-  void set_state(const c10::TensorImpl& state) override { cpu_impl()->set_state(state); }
-  c10::intrusive_ptr<c10::TensorImpl> get_state() const override { return cpu_impl()->get_state(); }
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+    cpu_.set_current_seed(seed);
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    const uint64_t random = c10::detail::getNonDeterministicRandom();
+    set_current_seed(random);
+    return random;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && state.numel() == kStateBytes,
+                "RNG state must be a torch.ByteTensor of ", kStateBytes,
+                " bytes (a neuron generator's Philox seed and offset), got ", state.numel(), " elements of ",
+                state.dtype().name(), ". Pass a state from torch.neuron.get_rng_state().");
+    uint64_t seed = 0, offset = 0;
+    const auto* bytes = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed, bytes, sizeof(seed));
+    std::memcpy(&offset, bytes + sizeof(seed), sizeof(offset));
+    set_current_seed(seed);
+    offset_ = offset;
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::empty({kStateBytes}, at::TensorOptions().dtype(at::kByte));
+    auto* bytes = state.data_ptr<uint8_t>();
+    std::memcpy(bytes, &seed_, sizeof(seed_));
+    std::memcpy(bytes + sizeof(seed_), &offset_, sizeof(offset_));
+    return state.unsafeReleaseIntrusivePtr();
+  }
 
   NeuronGeneratorImpl* clone_impl() const override {
     auto* copy = new NeuronGeneratorImpl(device().index());
+    copy->seed_ = seed_;
+    copy->offset_ = offset_;
     copy->cpu_ = cpu_.clone();
     return copy;
   }
 
-  at::CPUGeneratorImpl* cpu_impl() const { return cpu_.get<at::CPUGeneratorImpl>(); }
-
+  uint64_t seed_ = c10::default_rng_seed_val;
+  uint64_t offset_ = 0;
   at::Generator cpu_;
 };
 

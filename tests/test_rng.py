@@ -1,55 +1,57 @@
-"""RNG on neuron: seeding (torch.manual_seed, torch.neuron.manual_seed/seed_all), per-device
-generators and their state, explicit generators, dropout and fork_rng."""
+"""RNG on neuron, as TorchNeuron: draws from CPU's default generator, per-device generators with a
+16-byte Philox state, explicit generators, dropout and fork_rng."""
+import pytest
 import torch
 
 N = "neuron"
 
 
-def test_rng_seeded_by_torch_and_neuron_manual_seed():
+def test_neuron_draws_come_from_cpus_stream_as_on_torchneuron():
+    """TorchNeuron's random ops fall back to CPU and draw from CPU's default generator (its
+    tests/device/test_rng_state.py marks an independent stream as an expected failure): after
+    torch.manual_seed(s), neuron and CPU draws interleave in one stream."""
     torch.manual_seed(123)
-    a = torch.randn(5, device=N)
+    expected = torch.randn(12)
     torch.manual_seed(123)
-    b = torch.randn(5, device=N)
-    assert torch.equal(a.cpu(), b.cpu())
-    torch.neuron.manual_seed(7)
-    c = torch.rand(4, device=N)
-    torch.neuron.manual_seed(7)
-    assert torch.equal(c.cpu(), torch.rand(4, device=N).cpu())
-    assert torch.neuron.initial_seed() == 7
-
-
-def test_rng_is_independent_of_the_cpu_stream():
-    torch.manual_seed(0)
-    x1 = torch.randn(3, device=N)
-    x2 = torch.randn(3, device=N)
-    torch.manual_seed(0)
-    y1 = torch.randn(3, device=N)
-    torch.randn(100)  # consuming the CPU stream must not shift the neuron stream
-    y2 = torch.randn(3, device=N)
-    assert torch.equal(x1.cpu(), y1.cpu()) and torch.equal(x2.cpu(), y2.cpu())
-    # same seed, same numbers as CPU (the neuron generator wraps a CPU one)
+    drawn = [torch.randn(3), torch.randn(3, device=N).cpu(), torch.randn(3, device="neuron:1").cpu(), torch.randn(3)]
+    assert torch.equal(torch.cat(drawn), expected)
     torch.manual_seed(5)
-    assert torch.equal(torch.randn(6, device=N).cpu(), torch.randn(6, generator=torch.Generator().manual_seed(5)))
+    rand, normal = torch.rand(4, device=N), torch.empty(4, device=N).normal_()
+    torch.manual_seed(5)
+    assert torch.equal(rand.cpu(), torch.rand(4)) and torch.equal(normal.cpu(), torch.empty(4).normal_())
 
 
-def test_rng_state_round_trip_and_per_device():
-    torch.neuron.manual_seed_all(3)
+def test_neuron_seeds_do_not_move_the_cpu_stream():
+    torch.manual_seed(42)
+    cpu_only = torch.randn(5)
+    torch.manual_seed(42)
+    torch.neuron.manual_seed(123)
+    torch.neuron.get_rng_state()
+    torch.neuron.seed()
+    assert torch.equal(torch.randn(5), cpu_only)
+
+
+def test_rng_state_is_a_16_byte_philox_seed_and_offset():
+    torch.manual_seed(2)
+    assert torch.neuron.initial_seed() == 2  # torch.manual_seed seeds every neuron device too
+    torch.neuron.manual_seed(42)
     state = torch.neuron.get_rng_state()
-    first = torch.rand(4, device=N).cpu()
+    assert (state.dtype, state.shape) == (torch.uint8, (16,))
+    assert int.from_bytes(bytes(state[:8].tolist()), "little") == 42 and not any(state[8:].tolist())
+    torch.neuron.manual_seed(100)
     torch.neuron.set_rng_state(state)
-    assert torch.equal(first, torch.rand(4, device=N).cpu())
+    assert torch.neuron.initial_seed() == 42
     states = torch.neuron.get_rng_state_all()
     assert len(states) == 4
-    d1 = torch.rand(4, device="neuron:1").cpu()
-    torch.neuron.set_rng_state_all(states)
-    assert torch.equal(d1, torch.rand(4, device="neuron:1").cpu())
-    # devices have their own streams
-    torch.neuron.manual_seed(1)
     with torch.neuron.device(2):
-        torch.neuron.manual_seed(2)
-    torch.neuron.seed()
+        torch.neuron.manual_seed(7)
+    assert torch.neuron.get_rng_state(2)[0] == 7 and torch.neuron.initial_seed() == 42
+    torch.neuron.set_rng_state_all(states)
+    assert torch.neuron.get_rng_state(2)[0] == 2  # as torch.manual_seed(2) left it
     torch.neuron.seed_all()
     assert len(torch.neuron.default_generators) == 4
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        torch.neuron.set_rng_state(torch.get_rng_state())  # CPU's 5,056-byte state
 
 
 def test_explicit_neuron_generator_and_dropout():

@@ -10,11 +10,10 @@ memory adopted and counted, aliases mapped to the neuron storage they alias).
 
 Autograd crosses in both directions through two Functions, each of which differentiates to the
 other, so a backward (and a backward of a backward, under ``create_graph``) runs CPU's own graph.
-Random numbers come from the neuron device's generator, as for every other neuron op.
+Random numbers come from CPU's default generator, as for every other neuron op (as on TorchNeuron).
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Iterable
 
 import torch
@@ -80,27 +79,12 @@ def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:
     return devices.pop()
 
 
-@contextlib.contextmanager
-def _neuron_generator_as_cpus(device: torch.device):
-    """CPU's default generator takes the neuron generator's state for the call and gives it back
-    (neuron's generator is CPU's kind), so random draws inside advance the neuron generator."""
-    neuron_generator = ops._default_generator(device.index)
-    cpu_generator = torch.default_generator
-    saved = cpu_generator.get_state()
-    cpu_generator.set_state(neuron_generator.get_state())
-    try:
-        yield
-    finally:
-        neuron_generator.set_state(cpu_generator.get_state())
-        cpu_generator.set_state(saved)
-
-
-def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (),
-               draws_random: Callable[..., bool] = lambda *args: False) -> Callable:
+def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = ()) -> Callable:
     """A kernel for the composite ``op`` (named ``name`` in errors) that runs CPU's route on the
     neuron arguments' bytes. ``cpu_arguments`` are the positions the op takes on the CPU on every
     device (packed sequences' ``batch_sizes``); any other tensor must be on one neuron device.
-    ``draws_random(*args)`` says whether this call draws random numbers. Traced (fake or
+    Random draws inside (dropout between layers) come from CPU's default generator, as on
+    TorchNeuron. Traced (fake or
     functional tensors: torch.compile, export), the op decomposes as for any device but CPU, which
     is the graph TorchNeuron's compiler is given."""
     def kernel(*args):
@@ -117,9 +101,7 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (),
             raise RuntimeError(f"{name}: the neuron kernel was given {device} tensors only")
         for i, alias in zip(places, _IntoHost.apply(device, *tensors)):
             flat[i] = alias
-        random = draws_random(*args)
-        with _neuron_generator_as_cpus(device) if random else contextlib.nullcontext():
-            result = op(*pytree.tree_unflatten(flat, spec))
+        result = op(*pytree.tree_unflatten(flat, spec))
         results, result_spec = pytree.tree_flatten(result)
         outputs = [i for i, leaf in enumerate(results) if isinstance(leaf, torch.Tensor)]
         for i, adopted in zip(outputs, _OutOfHost.apply(device, *(results[i] for i in outputs))):

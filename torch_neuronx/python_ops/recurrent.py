@@ -98,12 +98,6 @@ _LAYERS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 _CELLS = ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
 
 
-def _dropout_between_layers(padded_or_packed: str):
-    # (..., dropout, train, ...) sit at the same place from the end in every layer overload.
-    offset = -4 if padded_or_packed == "input" else -3
-    return lambda *args: args[offset] != 0 and args[offset + 1] and args[offset - 1] > 1
-
-
 def install() -> None:
     """Register the kernels for neuron (once per process)."""
     global _library
@@ -119,8 +113,7 @@ def install() -> None:
         for overload in ("input", "data"):
             op = getattr(getattr(_aten, layer), overload)
             kernels[f"{layer}.{overload}"] = host_route(
-                op, f"aten::{layer}.{overload}", cpu_arguments=(1,) if overload == "data" else (),
-                draws_random=_dropout_between_layers(overload))
+                op, f"aten::{layer}.{overload}", cpu_arguments=(1,) if overload == "data" else ())
     for cell in _CELLS:
         kernels[cell] = host_route(getattr(_aten, cell).default, f"aten::{cell}")
     for name, kernel in kernels.items():
