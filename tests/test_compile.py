@@ -296,3 +296,42 @@ def test_dynamo_never_traces_the_backends_own_python(executor, tmp_path):
     assert results["memory"][0] == [1.0, 2.0, 3.0, 4.0] and results["memory"][1] > 0
     assert results["observed"] == [0.0, 2.0, 4.0, 6.0]
     assert results["collective"] == [1.0, 3.0, 5.0, 7.0]  # one rank: all_reduce keeps the values
+
+
+class Dropouts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, q, k, v, x):
+        x = self.drop(torch.nn.functional.gelu(self.fc1(x)))
+        x = torch.nn.functional.dropout(self.fc2(x), 0.5, training=True)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+        return x, attn
+
+
+def test_compiled_random_ops_draw_as_eager_does_on_cpus_generator():
+    """TorchNeuron's random-op legalization draws dropout masks outside the graph, so under one seed
+    a compiled dropout equals the eager one; here the graph's random ops run as CPU's eager kernels
+    in the graph's order (Inductor's fallback_random), forward and backward."""
+    torch.manual_seed(0)
+    model = Dropouts().train()
+    inputs = [torch.randn(2, 2, 8, 4), torch.randn(2, 2, 8, 4), torch.randn(2, 2, 8, 4), torch.randn(4, 32)]
+    torch.manual_seed(42)
+    eager = model(*inputs)
+    sum(o.sum() for o in eager).backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    neuron = copy.deepcopy(model).to("neuron")
+    neuron.zero_grad()
+    compiled = torch.compile(neuron, backend="neuron", fullgraph=True, dynamic=False)
+    torch.manual_seed(42)
+    out = compiled(*(t.to("neuron") for t in inputs))
+    sum(o.sum() for o in out).backward()
+    for got, expected in zip(out, eager):
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=1e-6)
+    for p, expected in zip(neuron.parameters(), eager_grads):
+        torch.testing.assert_close(p.grad.cpu(), expected, rtol=1e-5, atol=1e-6)
+    torch.manual_seed(42)
+    again = compiled(*(t.to("neuron") for t in inputs))
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(again, out))  # the same seed, the same draws

@@ -273,13 +273,13 @@ class Detector:
         """An op of a compiled graph (metadata only: values are unknown at compile time). TorchNeuron
         compiles a graph whole, into one NEFF, or the compile fails: no op in it falls back to the CPU
         (whether it lowers is the lowering's finding). What stays: its dtype pass narrows float64, and
-        random ops draw from the device, not from CPU's generator."""
+        random ops draw from the device, not from CPU's generator; except dropout, whose mask its
+        random_op_legalization samples before each call with CPU's own native_dropout
+        (NativeDropoutOp.sample), so it draws what eager draws."""
         wide = {str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
                 if m.device == BACKEND_NAME and m.dtype in (torch.float64, torch.complex128)}
-        if op_classes.uses_generator(op):
-            how = ("its mask is drawn outside the NEFF for each call (random_op_legalization)"
-                   if op_classes.base_name(op) == "native_dropout" else "drawn by the compiled program")
-            self.add("compiled-rng", op, site, f"in a compiled graph: {how}")
+        if op_classes.uses_generator(op) and op_classes.base_name(op) != "native_dropout":
+            self.add("compiled-rng", op, site, "in a compiled graph: drawn by the compiled program")
         if wide:
             self.add("float64", op, site, f"in a compiled graph: {', '.join(sorted(wide))} tensors, narrowed to "
                                           "float32 by TorchNeuron's dtype pass (dtype_conversion)")

@@ -90,7 +90,10 @@ def inductor_settings(aliased_inputs: bool = False):
     # code generated for the CPU's own (wider) ISA, which then fails to build.
     fx_graph_cache = cache.enabled and (per_capability or not vector_isa_inputs()[0])
     aot_cache = torch._functorch.config.enable_autograd_cache and fx_graph_cache and not aliased_inputs
-    with torch._inductor.config.patch(fx_graph_cache=fx_graph_cache), \
+    # Random ops run as eager CPU kernels, in the graph's order, on CPU's default generator: as
+    # TorchNeuron's random-op legalization draws dropout masks outside the graph, so a compiled
+    # dropout equals the eager one under one seed (Inductor's own random code draws other numbers).
+    with torch._inductor.config.patch(fx_graph_cache=fx_graph_cache, fallback_random=True), \
             torch._functorch.config.patch(enable_autograd_cache=aot_cache), isa_probe.remembered_probes():
         yield
 
