@@ -22,7 +22,7 @@ LAYERS = [
     ("neuron_dynamo_backend",),  # the compiler
     ("distributed", "interop"),  # where torch.distributed and other libraries meet the device
     ("neuron", "python_ops"),  # the device: torch.neuron and the aten kernels written in Python
-    ("runtime", "version"),  # the core, the emulated hardware, shared helpers
+    ("runtime", "version", "utils"),  # the core, the emulated hardware, shared helpers; TorchNeuron's utils
 ]
 # Folders of one layer that must not import each other (siblings, each reaching lower layers instead).
 SIBLINGS = (("distributed", "interop"), ("neuron", "python_ops"))

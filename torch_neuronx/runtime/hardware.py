@@ -27,6 +27,7 @@ class Chip:
     fp8_tflops: float
     hbm_tb_per_s: float
     source: str  # where the rates come from
+    target: str = "trn2"  # the platform target compilers name it by (TorchNeuron's get_platform_target)
 
     def core_memory(self, lnc: int) -> int:
         """A logical core's share of the chip's HBM, minus the runtime's reservation."""
@@ -75,16 +76,24 @@ class Instance:
     def logical_cores(self, lnc: int) -> int:
         return self.chips * self.chip.physical_cores // lnc
 
+    @property
+    def family(self) -> str:
+        """The Neuron runtime's name of the instance family ("trn2", "trn2u", "trn1", "trn3", ...), which
+        TorchNeuron gives as a device's name; an UltraServer's instances end in "u"."""
+        family = self.name.split(".")[0].split("-")[0]
+        in_ultraserver = self.links is not None and self.links.ultraserver_nodes > 1
+        return family + "u" if in_ultraserver and not family.endswith("u") else family
+
 
 CHIPS: dict[str, Chip] = {c.name: c for c in (
     Chip("Trainium2", "NeuronCore-v3", (3, 0), 8, 96 * GiB, (2, 1), 667.0, 181.0, 1299.0, 2.9,
          "AWS Trn2 specifications: 667 TFLOPS dense BF16, 181 FP32, 1299 FP8, 2.9 TB/s HBM"),
     Chip("Trainium3", "NeuronCore-v4", (4, 0), 8, 144 * GiB, (2, 1), 671.0, 181.0, 2517.0, 4.9,
          "AWS Trn3 specifications: 671 TFLOPS BF16, 2517 MXFP8, 4.9 TB/s HBM; FP32 is not published, "
-         "Trainium2's 181 TFLOPS is assumed"),
+         "Trainium2's 181 TFLOPS is assumed", target="trn3"),
     Chip("Trainium", "NeuronCore-v2", (2, 0), 2, 32 * GiB, (1,), 190.0, 47.5, 190.0, 0.82,
          "AWS Trn1 instance page (trn1.32xlarge: 16 chips, 3040 TFLOPS BF16, 760 FP32, 13.1 TB/s HBM), "
-         "divided by 16; no FP8, BF16 assumed"),
+         "divided by 16; no FP8, BF16 assumed", target="trn1"),
 )}
 
 INSTANCES: dict[str, Instance] = {i.name: i for i in (
