@@ -4,6 +4,8 @@ import gc
 import pytest
 import torch
 
+import torch_neuronx
+
 from helpers.isolated import run
 
 DEVICE = 3  # the last device of the default trn2.3xlarge: other tests leave nothing on it
@@ -23,7 +25,8 @@ def quiet_device():
 
 
 def stat(key):
-    return torch.neuron.memory_stats(DEVICE)[key]
+    """torch's flat statistics (torch.accelerator), which split the small and large pools."""
+    return torch.accelerator.memory_stats(DEVICE)[key]
 
 
 def test_allocations_and_frees_are_counted_exactly(quiet_device):
@@ -33,7 +36,7 @@ def test_allocations_and_frees_are_counted_exactly(quiet_device):
     small = torch.empty(1000, dtype=torch.float32, device=quiet_device)  # 4000 B: small pool
     big = torch.empty(512, 1024, dtype=torch.float32, device=quiet_device)  # 2 MiB: large pool
     assert torch.neuron.memory_allocated(DEVICE) - base == 4000 + 2 * MiB
-    assert torch.neuron.memory_reserved(DEVICE) == torch.neuron.memory_allocated(DEVICE)
+    assert torch.neuron.memory_reserved(DEVICE) == 0  # TorchNeuron's: memory held in a cache, and none is
     assert stat("allocated_bytes.small_pool.allocated") == 4000
     assert stat("allocated_bytes.large_pool.allocated") == 2 * MiB
     assert stat("allocation.all.allocated") == 2
@@ -101,7 +104,11 @@ def test_per_device_and_aliases(quiet_device):
 
 def test_torch_accelerator_memory_api_agrees(quiet_device):
     x = torch.empty(3000, dtype=torch.uint8, device="neuron:0")
-    assert torch.accelerator.memory_stats(0) == torch.neuron.memory_stats(0)
+    flat = torch.accelerator.memory_stats(0)
+    nested = torch.neuron.memory_stats(0)
+    assert all(flat[f"allocated_bytes.all.{field}"] == value for field, value in nested["allocated_bytes"].items())
+    assert flat["allocation.all.allocated"] == nested["allocation_requests"]
+    assert flat["allocation.all.freed"] == nested["num_tensor_frees"]
     assert torch.accelerator.memory_allocated(0) == torch.neuron.memory_allocated(0)
     assert torch.accelerator.get_memory_info(0) == torch.neuron.mem_get_info(0)
     torch.accelerator.reset_peak_memory_stats(0)
@@ -110,16 +117,26 @@ def test_torch_accelerator_memory_api_agrees(quiet_device):
     assert x.numel() == 3000
 
 
-def test_memory_stats_has_cuda_keys_and_summary_prints():
-    stats = torch.neuron.memory_stats(0)
-    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
-                "active_bytes.large_pool.freed", "allocation.small_pool.current", "segment.all.peak",
-                "num_ooms", "num_alloc_retries", "requested_bytes.all.current"):
-        assert key in stats
-    assert list(stats) == sorted(stats)
-    summary = torch.neuron.memory_summary(0)
-    assert "Allocated memory" in summary and "from large pool" in summary
-    assert "from large pool" not in torch.neuron.memory_summary(0, abbreviated=True)
+def test_memory_stats_are_torchneurons_nested_dict_and_summary(quiet_device):
+    torch.neuron.reset_accumulated_memory_stats(DEVICE)
+    x = torch.empty(1000, dtype=torch.float32, device=quiet_device)
+    del x
+    stats = torch_neuronx.memory_stats(DEVICE)
+    assert list(stats) == ["allocated_bytes", "reserved_bytes", "active_bytes", "num_alloc_retries", "num_ooms",
+                           "num_tensor_frees", "allocation_requests"]
+    assert stats["allocated_bytes"] == stats["active_bytes"] and stats["allocated_bytes"]["allocated"] == 4000
+    assert stats["allocated_bytes"]["freed"] == 4000 and stats["allocated_bytes"]["peak"] >= 4000
+    assert stats["reserved_bytes"] == {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+    assert (stats["allocation_requests"], stats["num_tensor_frees"], stats["num_alloc_retries"]) == (1, 1, 0)
+    assert torch.neuron.memory_reserved(DEVICE) == torch.neuron.max_memory_reserved(DEVICE) == 0
+    summary = torch.neuron.memory_summary(DEVICE)
+    assert summary.splitlines()[1] == f"  Neuron Memory Summary, Device {DEVICE}"
+    assert "Allocations: 1  |  Frees: 1" in summary and "Emulated capacity" in summary
+    assert "Allocated Memory" in summary and "Reserved Memory" in summary and "Active Memory" in summary
+    short = torch.neuron.memory_summary(DEVICE, abbreviated=True)
+    assert "Emulated capacity" not in short and len(short) < len(summary)
+    torch.neuron.reset_accumulated_memory_stats(DEVICE)
+    assert torch.neuron.memory_stats(DEVICE)["allocation_requests"] == 0
 
 
 def test_out_of_memory_keeps_state_and_is_recoverable(quiet_device):
@@ -153,7 +170,7 @@ def test_out_of_memory_keeps_state_and_is_recoverable(quiet_device):
 def test_memory_fraction_validation():
     with pytest.raises(ValueError, match="Allowed range: 0~1"):
         torch.neuron.set_per_process_memory_fraction(1.5, 0)
-    with pytest.raises(RuntimeError, match="valid indices are 0 to 3"):
+    with pytest.raises(RuntimeError, match="Valid range is 0 to 3 for this process"):
         torch.neuron.memory_allocated(7)
 
 

@@ -32,7 +32,6 @@ from torch_neuronx.neuron.memory import (  # noqa: F401
     memory_allocated,
     memory_reserved,
     memory_stats,
-    memory_stats_as_nested_dict,
     memory_summary,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
@@ -71,8 +70,8 @@ __all__ = [
     "set_device", "synchronize",
     # memory
     "empty_cache", "get_per_process_memory_fraction", "max_memory_allocated", "max_memory_reserved",
-    "mem_get_info", "memory", "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_as_nested_dict",
-    "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats",
+    "mem_get_info", "memory", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
     # properties and autocast
     "get_amp_supported_dtype", "get_device_capability", "get_device_name", "get_device_properties",

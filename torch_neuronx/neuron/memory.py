@@ -1,18 +1,17 @@
-"""``torch.neuron.memory``: device memory statistics and limits, shaped like ``torch.cuda.memory``.
+"""``torch.neuron.memory`` and ``torch_neuronx.memory_*``: device memory statistics and limits, as TorchNeuron's.
 
-Every byte a neuron tensor owns is counted per device, including results adopted
-from CPU kernels. Freed memory goes straight back to the host: there is no
-cache, so *reserved* equals *allocated* and :func:`empty_cache` has nothing to
-release. Each device has the emulated capacity of its logical NeuronCore
-(``TORCH_NEURONX_DEVICE_MEMORY`` overrides it); going beyond it raises
-``torch.OutOfMemoryError`` and leaves every existing tensor intact.
+Every byte a neuron tensor owns is counted per device, including results adopted from CPU kernels.
+:func:`memory_stats` is TorchNeuron's nested dictionary (``allocated_bytes`` -> ``current``, ``peak``,
+``allocated``, ``freed``; ``num_ooms``, ...). Freed memory goes straight back to the host: nothing is
+cached, so *reserved* memory (TorchNeuron's "held in cache for reuse") is 0, as on TorchNeuron, and
+:func:`empty_cache` has nothing to release. Each device has the emulated capacity of its logical
+NeuronCore (``TORCH_NEURONX_DEVICE_MEMORY`` overrides it); going beyond it raises
+``torch.OutOfMemoryError`` and leaves every existing tensor intact. ``torch.accelerator``'s memory API
+reads the same counters in torch's own flat format (``"allocated_bytes.all.current"``, ...).
 """
 from __future__ import annotations
 
-import collections
 from typing import Any, NamedTuple
-
-import torch
 
 from torch_neuronx.neuron._device import _get_device_index
 from torch_neuronx.runtime import format_bytes
@@ -20,9 +19,9 @@ from torch_neuronx.runtime import ops as _ops
 
 __all__ = [
     "empty_cache", "get_per_process_memory_fraction", "max_memory_allocated", "max_memory_reserved",
-    "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_as_nested_dict",
-    "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
-    "reset_peak_memory_stats", "set_per_process_memory_fraction",
+    "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 _POOLS = ("all", "small_pool", "large_pool")
@@ -50,39 +49,23 @@ def _device_memory(device) -> _DeviceMemory:
     return _DeviceMemory(*groups, *values)
 
 
-def memory_stats_as_nested_dict(device=None) -> dict[str, Any]:
-    """:func:`memory_stats` before flattening, as torch.cuda's."""
-    stats = _device_memory(device)
-    zero = {pool: dict.fromkeys(_FIELDS, 0) for pool in _POOLS}
-    # No caching allocator: each block is its own segment, active while allocated, never split.
-    return {
-        "allocated_bytes": stats.bytes, "reserved_bytes": stats.bytes,
-        "active_bytes": stats.bytes, "requested_bytes": stats.bytes,
-        "inactive_split_bytes": zero,
-        "allocation": stats.blocks, "segment": stats.blocks, "active": stats.blocks,
-        "inactive_split": zero,
-        "oversize_allocations": dict.fromkeys(_FIELDS, 0), "oversize_segments": dict.fromkeys(_FIELDS, 0),
-        "num_alloc_retries": 0, "num_ooms": stats.num_ooms, "num_sync_all_streams": 0,
-        "num_device_alloc": stats.blocks["all"]["allocated"],
-        "num_device_free": stats.blocks["all"]["freed"],
-        "max_split_size": -1,
-    }
-
-
 def memory_stats(device=None) -> dict[str, Any]:
-    """The device's memory statistics, with the keys of ``torch.cuda.memory_stats``
-    (``"allocated_bytes.all.current"``, ``"num_ooms"``, ...), sorted."""
-    flat: list[tuple[str, Any]] = []
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, inner)
-        else:
-            flat.append((prefix, value))
-
-    walk("", memory_stats_as_nested_dict(device))
-    return collections.OrderedDict(sorted(flat))
+    """TorchNeuron's statistics of ``device`` (default: the current device): ``allocated_bytes``,
+    ``reserved_bytes`` and ``active_bytes``, each ``{"current", "peak", "allocated", "freed"}`` in
+    bytes, then the counters ``num_alloc_retries``, ``num_ooms``, ``num_tensor_frees`` and
+    ``allocation_requests``. Nothing is cached, so ``reserved_bytes`` is all zeros and
+    ``active_bytes`` equals ``allocated_bytes``."""
+    stats = _device_memory(device)
+    blocks = stats.blocks["all"]
+    return {
+        "allocated_bytes": dict(stats.bytes["all"]),
+        "reserved_bytes": dict.fromkeys(_FIELDS, 0),
+        "active_bytes": dict(stats.bytes["all"]),
+        "num_alloc_retries": 0,  # no cache to flush and retry
+        "num_ooms": stats.num_ooms,
+        "num_tensor_frees": blocks["freed"],
+        "allocation_requests": blocks["allocated"],
+    }
 
 
 def memory_allocated(device=None) -> int:
@@ -96,12 +79,13 @@ def max_memory_allocated(device=None) -> int:
 
 
 def memory_reserved(device=None) -> int:
-    """Bytes held for the device. Equal to :func:`memory_allocated`: freed memory is not cached."""
-    return memory_allocated(device)
+    """Bytes held in a cache for reuse: 0, as on TorchNeuron (freed memory goes straight back)."""
+    return memory_stats(device)["reserved_bytes"]["current"]
 
 
 def max_memory_reserved(device=None) -> int:
-    return max_memory_allocated(device)
+    """Peak of :func:`memory_reserved`: 0."""
+    return memory_stats(device)["reserved_bytes"]["peak"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
@@ -115,7 +99,8 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
-    """Zero the ``allocated``/``freed`` totals and ``num_ooms``."""
+    """Zero the ``allocated``/``freed`` totals and the counters (``num_ooms``, ``num_tensor_frees``,
+    ``allocation_requests``)."""
     _ops._reset_accumulated_memory_stats(_get_device_index(device, optional=True, use="known"))
 
 
@@ -143,47 +128,25 @@ def empty_cache() -> None:
     """Release cached memory. Freed neuron memory goes straight back to the host, so there is none."""
 
 
-def _format_count(count: int) -> str:
-    for unit in (" ", "K", "M"):
-        if abs(count) < 1000 or unit == "M":
-            return f"{count:7d} {unit}" if unit == " " else f"{count:7.0f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
+_RULE, _THICK = "-" * 75, "=" * 75
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
-    """A printable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
+    """TorchNeuron's printable summary of :func:`memory_stats`, headed "Neuron Memory Summary, Device
+    <i>"; the full one adds the emulated capacity and what this process may use of it."""
     index = _get_device_index(device, optional=True, use="known")
-    stats = memory_stats_as_nested_dict(index)
-    device_memory = _device_memory(index)
-    rows = [("allocated_bytes", "Allocated memory", format_bytes),
-            ("active_bytes", "Active memory", format_bytes),
-            ("requested_bytes", "Requested memory", format_bytes),
-            ("reserved_bytes", "Device reserved memory", format_bytes),
-            ("allocation", "Allocations", _format_count),
-            ("active", "Active allocs", _format_count),
-            ("segment", "Device reserved segments", _format_count)]
-    width = 75
-    rule, thick = "|" + "-" * width + "|", "|" + "=" * width + "|"
-
-    def line(text: str) -> str:
-        return f"|{text:<{width}}|"
-
-    lines = [thick, line(f" PyTorch neuron memory summary, device ID {index}"),
-             line(f" emulated capacity {format_bytes(device_memory.capacity)}, this process may use "
-                  f"{format_bytes(device_memory.limit)}"),
-             line(f" num_ooms: {stats['num_ooms']}   (no caching: reserved equals allocated)"),
-             thick,
-             f"|{'        Metric         ':<25}|{' Cur Usage ':^12}|{' Peak Usage ':^12}|{' Tot Alloc ':^11}|"
-             f"{' Tot Freed ':^12}|",
-             rule]
-    for key, title, fmt in rows:
-        pools = ("all",) if abbreviated else _POOLS
-        for pool in pools:
-            values = stats[key][pool]
-            label = title if pool == "all" else f"      from {pool.replace('_pool', '')} pool"
-            lines.append(f"|{label:<25}|{fmt(values['current']):>12}|{fmt(values['peak']):>12}|"
-                         f"{fmt(values['allocated']):>11}|{fmt(values['freed']):>12}|")
-        lines.append(rule)
-    lines.append(thick)
-    return "\n".join(lines) + "\n"
+    stats = memory_stats(index)
+    lines = [_THICK, f"  Neuron Memory Summary, Device {index}", _THICK,
+             f"  Allocations: {stats['allocation_requests']:,}  |  Frees: {stats['num_tensor_frees']:,}",
+             f"  OOMs: {stats['num_ooms']:,}  |  Alloc Retries: {stats['num_alloc_retries']:,}"]
+    if not abbreviated:
+        memory = _device_memory(index)
+        lines.append(f"  Emulated capacity: {format_bytes(memory.capacity)}  |  "
+                     f"This process may use: {format_bytes(memory.limit)}")
+    lines += [_THICK, "  Metric              | Current    | Peak       | Allocated  | Freed", _RULE]
+    for title, key in (("Allocated Memory", "allocated_bytes"), ("Reserved Memory", "reserved_bytes"),
+                       ("Active Memory", "active_bytes")):
+        values = [format_bytes(stats[key][field]) for field in _FIELDS]
+        lines.append(f"  {title:<18} | {values[0]:>10} | {values[1]:>10} | {values[2]:>10} | {values[3]:>10}")
+    lines.append(_THICK)
+    return "\n".join(lines)
