@@ -11,6 +11,8 @@
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 namespace neuron {
 namespace {
@@ -46,14 +48,27 @@ c10::Stream exchange_stream(c10::Stream stream) {
   return previous;
 }
 
+// TorchNeuron's single-stream mode: unless NEURON_RT_ENABLE_HOST_CC=1, a new stream (torch.neuron.Stream(),
+// the pool's) is the device's default stream. Read at each creation: a test may set it for a while.
+bool multi_stream_enabled() {
+  const char* value = std::getenv("NEURON_RT_ENABLE_HOST_CC");
+  return value != nullptr && std::string(value) == "1";
+}
+
+c10::Stream default_stream_of(c10::DeviceIndex index) {
+  return c10::Stream(c10::Stream::DEFAULT, c10::Device(kNeuron, index));
+}
+
 c10::Stream new_stream(c10::DeviceIndex index, int /*priority: no effect when execution is synchronous*/) {
   index = resolve_attached_index(index);
+  if (!multi_stream_enabled()) return default_stream_of(index);
   const auto id = g_next_stream_id[index].fetch_add(1) + 1;
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
 }
 
 c10::Stream stream_from_pool(c10::DeviceIndex index, bool high_priority) {
   index = resolve_attached_index(index);
+  if (!multi_stream_enabled()) return default_stream_of(index);
   const auto slot = g_pool_cursor[index][high_priority ? 1 : 0].fetch_add(1) % kPoolSize;
   const auto id = kPoolBase + (high_priority ? kPoolSize : 0) + slot;
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
@@ -81,10 +96,16 @@ void destroy_event(void* event) noexcept {
 double event_elapsed_ms(void* start, void* end) {
   const auto* a = static_cast<const Event*>(start);
   const auto* b = static_cast<const Event*>(end);
-  TORCH_CHECK(a != nullptr && b != nullptr && a->recorded && b->recorded,
-              "Both events must be recorded before calculating elapsed time.");
-  TORCH_CHECK(a->timing && b->timing,
-              "Both events must be created with argument 'enable_timing=True'.");
+  // TorchNeuron's checks and words, in its order; the fix after them.
+  constexpr const char* kTiming = ": create both events with torch.neuron.Event(enable_timing=True).";
+  constexpr const char* kRecord = ": call record() on both events before elapsed_time().";
+  // An event exists here from its first record() on (torch.neuron.Event checks the timing of one never recorded).
+  TORCH_CHECK(a == nullptr || a->timing, "Event was not created with timing enabled", kTiming);
+  TORCH_CHECK(b == nullptr || b->timing, "End event was not created with timing enabled", kTiming);
+  TORCH_CHECK(a != nullptr && a->recorded, "Event has not been recorded", kRecord);
+  TORCH_CHECK(b != nullptr && b->recorded, "End event has not been recorded", kRecord);
+  TORCH_CHECK(a->device == b->device, "Events must be on the same device: this one is on neuron:",
+              static_cast<int>(a->device), ", the end event on neuron:", static_cast<int>(b->device), ".");
   return std::chrono::duration<double, std::milli>(b->when - a->when).count();
 }
 

@@ -5,10 +5,18 @@ import time
 import pytest
 import torch
 
+import torch_neuronx
+
 from helpers.isolated import run
 
 
-def test_current_default_and_new_streams():
+@pytest.fixture
+def multi_stream(monkeypatch):
+    """TorchNeuron's multi-stream mode: new streams are streams of their own."""
+    monkeypatch.setenv("NEURON_RT_ENABLE_HOST_CC", "1")
+
+
+def test_current_default_and_new_streams(multi_stream):
     default = torch.neuron.default_stream()
     assert isinstance(default, torch.neuron.Stream) and isinstance(default, torch.Stream)
     assert default.stream_id == 0 and default.device == torch.device("neuron:0")
@@ -17,6 +25,17 @@ def test_current_default_and_new_streams():
     assert s1 != s2 and s1 != default and s2.device == torch.device("neuron:2") and s2.priority == -1
     assert torch.neuron.Stream.priority_range() == (0, -1)
     assert torch.accelerator.current_stream() == default
+
+
+def test_single_stream_mode_by_default(monkeypatch):
+    """As TorchNeuron: unless NEURON_RT_ENABLE_HOST_CC=1, a new stream is its device's default stream
+    (torch.neuron.Stream(), torch.Stream, the pool torch's own code draws from); read at each creation."""
+    monkeypatch.delenv("NEURON_RT_ENABLE_HOST_CC", raising=False)
+    assert torch.neuron.Stream() == torch.neuron.default_stream() == torch_neuronx.default_stream()
+    assert torch.neuron.Stream(device=2) == torch.neuron.default_stream(2)
+    assert torch.Stream(device="neuron:1").stream_id == 0
+    monkeypatch.setenv("NEURON_RT_ENABLE_HOST_CC", "1")
+    assert torch.neuron.Stream() != torch.neuron.Stream()
 
 
 def test_stream_context_sets_and_restores_stream_and_device():
@@ -46,7 +65,7 @@ def test_set_stream_and_thread_locality():
         torch.neuron.set_stream(torch.Stream(device="cpu"))
 
 
-def test_wait_stream_and_events_order_work():
+def test_wait_stream_and_events_order_work(multi_stream):
     producer, consumer = torch.neuron.Stream(), torch.neuron.Stream()
     with torch.neuron.stream(producer):
         x = torch.arange(6.0, device="neuron").reshape(2, 3) * 3
@@ -76,15 +95,19 @@ def test_event_timing():
     assert end.elapsed_time(start) < 0  # host timestamps: the order is the recording order
 
 
-def test_event_errors_like_cuda():
+def test_event_errors_in_torchneurons_words():
     untimed = torch.neuron.Event()
-    untimed.record()
     timed = torch.neuron.Event(enable_timing=True)
-    with pytest.raises(RuntimeError, match="must be recorded"):
+    with pytest.raises(RuntimeError, match="^Event was not created with timing enabled: .*enable_timing=True"):
+        untimed.elapsed_time(timed)  # checked before recording, as TorchNeuron does
+    untimed.record()
+    with pytest.raises(RuntimeError, match="^Event has not been recorded: call record"):
         timed.elapsed_time(torch.neuron.Event(enable_timing=True))
     timed.record()
-    with pytest.raises(RuntimeError, match="enable_timing=True"):
-        untimed.elapsed_time(timed)
+    with pytest.raises(RuntimeError, match="^End event was not created with timing enabled"):
+        timed.elapsed_time(untimed)
+    with pytest.raises(RuntimeError, match="^End event has not been recorded"):
+        timed.elapsed_time(torch.neuron.Event(enable_timing=True))
     with pytest.raises(RuntimeError, match="not supported"):
         torch.neuron.Event(interprocess=True)
     assert torch.neuron.Event().query()  # never recorded: complete, as on CUDA

@@ -76,8 +76,10 @@ class Event(torch.Event):
             raise RuntimeError(
                 "torch.neuron.Event(interprocess=True) is not supported: the emulated device's events "
                 "live in one host process. Share results between processes with torch.distributed.")
-        return super().__new__(cls, device=torch.device(BACKEND_NAME, current_device()),
+        self = super().__new__(cls, device=torch.device(BACKEND_NAME, current_device()),
                                enable_timing=enable_timing, blocking=blocking)
+        self._enable_timing = bool(enable_timing)
+        return self
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         pass
@@ -94,6 +96,11 @@ class Event(torch.Event):
         """Milliseconds of host time from this event's record() to ``end_event``'s."""
         if not isinstance(end_event, torch.Event) or end_event.device.type != BACKEND_NAME:
             raise TypeError(f"elapsed_time expects a neuron event, got {end_event!r}")
+        fix = ": create both events with torch.neuron.Event(enable_timing=True)."
+        if not getattr(self, "_enable_timing", True):  # known before record(): the core's event exists after
+            raise RuntimeError("Event was not created with timing enabled" + fix)
+        if not getattr(end_event, "_enable_timing", True):
+            raise RuntimeError("End event was not created with timing enabled" + fix)
         return float(_ops._event_elapsed_ms(self.event_id, end_event.event_id))
 
     def __repr__(self) -> str:
