@@ -3,6 +3,8 @@
 // reach (storage resizing, pinned memory) lives in memory.cpp.
 #include "neuron.h"
 
+#include <Python.h>
+
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/Parallel.h>
@@ -10,6 +12,8 @@
 
 #include <mutex>
 #include <string>
+
+#include <torch/library.h>
 
 namespace neuron {
 namespace {
@@ -22,9 +26,33 @@ std::atomic<int> g_first_own{0};
 std::atomic<int> g_own_count{1};
 std::atomic<bool> g_bound{false};
 // A thread that never chose a device uses the process's: the local rank's once bound (Gloo's and
-// autograd's threads too), else 0. -1 means "not chosen".
+// autograd's threads too), else the first device set_device chose (TorchNeuron's global default), else 0.
 std::atomic<int> g_default_device{0};
+std::atomic<bool> g_default_chosen{false};
 thread_local int t_current_device = -1;
+
+// The visible cores are read from the environment when the runtime starts, as on Trainium, not at
+// import: the first question about the devices asks Python's topology (runtime/core.py,
+// read_topology) for them. Python's apply_topology() ends in set_device_count(), which marks them read.
+enum TopologyState : int { kUnread = 0, kReading = 1, kRead = 2 };
+std::atomic<int> g_topology_state{kUnread};
+
+void read_topology() noexcept {
+  int expected = kUnread;
+  if (!g_topology_state.compare_exchange_strong(expected, kReading)) return;  // read, or being read
+  if (Py_IsInitialized()) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* result = nullptr;
+    if (PyObject* module = PyImport_ImportModule("torch_neuronx.runtime.core")) {
+      result = PyObject_CallMethod(module, "read_topology", nullptr);
+      Py_DECREF(module);
+    }
+    if (result == nullptr) PyErr_Print();  // never raised: a bad environment is recorded, not thrown
+    Py_XDECREF(result);
+    PyGILState_Release(gil);
+  }
+  g_topology_state.store(kRead);
+}
 
 std::mutex g_config_error_mutex;
 std::string g_config_error;  // why no device is visible (a bad environment variable)
@@ -47,14 +75,16 @@ void check_count(int64_t index) {
     std::lock_guard<std::mutex> lock(g_config_error_mutex);
     TORCH_CHECK(g_config_error.empty(), "neuron is unusable: ", g_config_error);
   }
-  TORCH_CHECK(index >= 0 && index < count, "Invalid device index neuron:", index, ": ", count,
-              " neuron device(s) are visible, so valid indices are 0 to ", count - 1,
-              ". Use a device in that range (or 'neuron' for the current device).");
+  TORCH_CHECK(index >= 0 && index < count, "Device index ", index, " is out of range. Valid range is 0 to ",
+              count - 1, " for this process: it sees ", count,
+              " neuron device(s) (NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES choose them). Use neuron:0 to neuron:",
+              count - 1, " (or 'neuron' for the current device).");
 }
 
 }  // namespace
 
 c10::DeviceIndex device_count() noexcept {
+  if (C10_UNLIKELY(g_topology_state.load(std::memory_order_acquire) == kUnread)) read_topology();
   return static_cast<c10::DeviceIndex>(g_device_count.load(std::memory_order_relaxed));
 }
 
@@ -67,6 +97,8 @@ void set_device_count(int64_t count) {
   g_own_count.store(static_cast<int>(count));
   g_bound.store(false);
   g_default_device.store(0);
+  g_default_chosen.store(false);
+  g_topology_state.store(kRead);
 }
 
 void bind_devices(int64_t first, int64_t count) {
@@ -77,6 +109,7 @@ void bind_devices(int64_t first, int64_t count) {
   g_own_count.store(1);
   g_bound.store(true);
   g_default_device.store(static_cast<int>(first));
+  g_default_chosen.store(true);
   t_current_device = -1;
 }
 
@@ -124,6 +157,13 @@ c10::DeviceIndex current_device() noexcept {
 void set_current_device(c10::DeviceIndex index) {
   check_device_index(index);
   t_current_device = index;
+}
+
+// torch_neuronx.set_device: the thread's device, and the process's default for threads that never chose
+// one if none was chosen yet (TorchNeuron's set_device: the first call in the process wins).
+void select_device(c10::DeviceIndex index) {
+  set_current_device(index);
+  if (!g_default_chosen.exchange(true)) g_default_device.store(index);
 }
 
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
@@ -261,3 +301,22 @@ HooksRegistrar g_hooks_registrar;
 
 }  // namespace
 }  // namespace neuron
+
+// `import torch_neuronx._C` finds this library (torch loads it with torch.ops.load_library, not as a module):
+// TorchNeuron's compiled internals have that name, so say what is there instead of Python's "no PyInit".
+PyMODINIT_FUNC PyInit__C() {
+  PyErr_SetString(PyExc_ImportError,
+                  "torch_neuronx._C is TorchNeuron's compiled internals, which torch-neuronx-cpu does not provide (its "
+                  "core is loaded by torch, not imported). Use the public API instead: torch_neuronx.device_count(), "
+                  "torch.neuron.*, torch_neuronx.memory_stats(), torch_neuronx.get_executed_ops(), ...");
+  return nullptr;
+}
+
+// The device ops that belong with the state above (the rest of the table is in neuron_ops.cpp).
+TORCH_LIBRARY_FRAGMENT(neuron, m) {
+  m.def("_select_device(int index) -> ()", [](int64_t i) {
+    neuron::check_device_index(i);
+    neuron::select_device(static_cast<c10::DeviceIndex>(i));
+  });
+  m.def("_topology_read() -> bool", []() { return neuron::g_topology_state.load() == neuron::kRead; });
+}

@@ -1,7 +1,7 @@
 """The emulated instance: profiles, NEURON_* / TORCH_NEURONX_* variables and their bad values.
 
-The environment is read when neuron registers, so each case runs in a fresh interpreter
-(one interpreter walks all profiles through apply_topology before the runtime initializes).
+The environment is read at the first use of a device (not at import), so each case runs in a fresh
+interpreter (one interpreter walks all profiles through apply_topology before the runtime initializes).
 """
 import json
 
@@ -9,17 +9,19 @@ from helpers.isolated import run
 
 GiB, MiB = 1 << 30, 1 << 20
 
-# (instance, lnc) -> (logical cores, bytes per logical core, name, capability), from AWS's numbers:
+# (instance, lnc) -> (logical cores, bytes per logical core, TorchNeuron's device name (the runtime's
+# instance family), chip and core, capability), from AWS's numbers:
 # Trn2 chip 8 physical cores, 96 GiB; Trn3 chip 8 cores, 144 GiB; Trn1 chip 2 cores, 32 GiB;
 # the runtime reserves 96 MiB per physical core.
 EXPECTED = {
-    ("trn2.3xlarge", 2): (4, 24 * GiB - 192 * MiB, "Trainium2 NeuronCore-v3", [3, 0]),
-    ("trn2.3xlarge", 1): (8, 12 * GiB - 96 * MiB, "Trainium2 NeuronCore-v3", [3, 0]),
-    ("trn2.48xlarge", 2): (64, 24 * GiB - 192 * MiB, "Trainium2 NeuronCore-v3", [3, 0]),
-    ("trn3", 2): (4, 36 * GiB - 192 * MiB, "Trainium3 NeuronCore-v4", [4, 0]),
-    ("trn3", 1): (8, 18 * GiB - 96 * MiB, "Trainium3 NeuronCore-v4", [4, 0]),
-    ("trn1.2xlarge", 1): (2, 16 * GiB - 96 * MiB, "Trainium NeuronCore-v2", [2, 0]),
-    ("trn1.32xlarge", 1): (32, 16 * GiB - 96 * MiB, "Trainium NeuronCore-v2", [2, 0]),
+    ("trn2.3xlarge", 2): (4, 24 * GiB - 192 * MiB, "trn2", "Trainium2 NeuronCore-v3", [3, 0]),
+    ("trn2.3xlarge", 1): (8, 12 * GiB - 96 * MiB, "trn2", "Trainium2 NeuronCore-v3", [3, 0]),
+    ("trn2.48xlarge", 2): (64, 24 * GiB - 192 * MiB, "trn2", "Trainium2 NeuronCore-v3", [3, 0]),
+    ("trn2u.48xlarge", 2): (64, 24 * GiB - 192 * MiB, "trn2u", "Trainium2 NeuronCore-v3", [3, 0]),
+    ("trn3", 2): (4, 36 * GiB - 192 * MiB, "trn3", "Trainium3 NeuronCore-v4", [4, 0]),
+    ("trn3", 1): (8, 18 * GiB - 96 * MiB, "trn3", "Trainium3 NeuronCore-v4", [4, 0]),
+    ("trn1.2xlarge", 1): (2, 16 * GiB - 96 * MiB, "trn1", "Trainium NeuronCore-v2", [2, 0]),
+    ("trn1.32xlarge", 1): (32, 16 * GiB - 96 * MiB, "trn1", "Trainium NeuronCore-v2", [2, 0]),
 }
 
 
@@ -36,7 +38,7 @@ def test_every_profile_device_count_capacity_and_properties():
             p = torch.neuron.get_device_properties(last)
             out[f"{{instance}}/{{lnc}}"] = [torch.neuron.device_count(), torch.accelerator.device_count(),
                                           p.total_memory, torch.neuron.mem_get_info(last)[1],
-                                          torch.neuron.get_device_name(last),
+                                          p.name, f"{{p.chip}} {{p.core_arch}}", torch.neuron.get_device_name(last),
                                           list(torch.neuron.get_device_capability(last)),
                                           p.core_id, p.chip_index, p.logical_nc_config, p.instance_type]
         assert not torch.neuron.is_initialized()
@@ -44,12 +46,13 @@ def test_every_profile_device_count_capacity_and_properties():
     """)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    for (instance, lnc), (cores, memory, name, capability) in EXPECTED.items():
-        count, accel_count, total, mem_total, got_name, got_cap, core, chip, got_lnc, got_instance = \
-            out[f"{instance}/{lnc}"]
+    for (instance, lnc), (cores, memory, name, core_name, capability) in EXPECTED.items():
+        count, accel_count, total, mem_total, got_name, got_core, device_name, got_cap, core, chip, got_lnc, \
+            got_instance = out[f"{instance}/{lnc}"]
         assert count == accel_count == cores
         assert total == mem_total == memory
-        assert (got_name, got_cap, got_lnc, got_instance) == (name, capability, lnc, instance)
+        assert (got_name, got_core, got_cap, got_lnc, got_instance) == (name, core_name, capability, lnc, instance)
+        assert device_name == f"neuron:{cores - 1}"  # TorchNeuron's get_device_name
         chips = 16 if instance.endswith("48xlarge") or instance.endswith("32xlarge") else 1
         assert core == cores - 1 and chip == chips - 1
 
@@ -192,3 +195,40 @@ def test_topology_cannot_change_after_initialization():
     """)
     assert r.returncode == 0, r.stderr
     assert "already initialized" in r.stdout and r.stdout.split()[-1] == "4"
+
+
+def test_visible_cores_are_read_at_the_first_use_of_a_device_not_at_import():
+    # TorchNeuron's runtime reads NEURON_RT_* when it starts: its own test conftest sets
+    # NEURON_RT_NUM_CORES=1 after `import torch`, then creates the first tensor.
+    r = run("""
+        import os, torch
+        read_at_import = torch.ops.neuron._topology_read()
+        os.environ["NEURON_RT_NUM_CORES"] = "1"
+        x = torch.empty(1, device="neuron")  # the first use
+        os.environ["NEURON_RT_NUM_CORES"] = "3"  # too late: the devices are fixed
+        print(read_at_import, torch.neuron.device_count(), torch.accelerator.device_count())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "1", "1"]
+    for first_use in ("torch.accelerator.device_count()", "torch.neuron.is_available()",
+                      "torch.neuron.set_device(0)", "torch.ones(1).to('neuron')"):
+        r = run(f"""
+            import os, torch
+            os.environ["NEURON_RT_VISIBLE_CORES"] = "1,3"
+            {first_use}
+            os.environ["NEURON_RT_VISIBLE_CORES"] = "0"
+            print(torch.neuron.device_count(), torch.neuron.get_device_properties(1).core_id)
+        """)
+        assert r.returncode == 0, (first_use, r.stderr)
+        assert r.stdout.split() == ["2", "3"], first_use
+
+
+def test_a_bad_variable_set_after_import_makes_neuron_unusable_at_first_use():
+    r = run("""
+        import os, torch
+        os.environ["NEURON_RT_NUM_CORES"] = "9"
+        print(torch.neuron.is_available())
+        torch.ones(1, device="neuron")
+    """)
+    assert r.returncode == 1 and r.stdout.split() == ["False"]
+    assert "RuntimeError: neuron is unusable: NEURON_RT_NUM_CORES='9' is invalid" in r.stderr

@@ -1,10 +1,11 @@
-"""Makes ``neuron`` a device of torch: PrivateUse1 checked free and renamed, the core loaded and
-sized to the emulated topology, then each part of the backend installed by the module that owns it."""
+"""Makes ``neuron`` a device of torch: PrivateUse1 checked free and renamed, the core loaded (it reads
+the emulated topology at the first use of a device), then each part of the backend installed by the
+module that owns it."""
 import torch
 
 from torch_neuronx import distributed, neuron, python_ops
 from torch_neuronx.interop import distribution_alias, dlpack, dynamo_rules, ecosystem_errors, threads
-from torch_neuronx.runtime import BACKEND_NAME, apply_topology, core, warn_once
+from torch_neuronx.runtime import BACKEND_NAME, core, warn_once
 
 # TorchNeuron's torch.neuron aliases of the compiler's metrics, imported on first use (the
 # compiler loads torch._dynamo, which `import torch` should not pay for).
@@ -64,8 +65,7 @@ def register(on_conflict: str = "raise") -> bool:
         warn_once("registration", message)
         return False
 
-    core.load_core()
-    apply_topology()
+    core.load_core()  # the visible cores are read at the first use of a device, not here
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
     neuron.install(NEURON_ALIASES)

@@ -59,18 +59,29 @@ def load_core() -> None:
 def apply_topology() -> None:
     """(Re)read the emulated instance from the environment and size the devices to it.
 
-    A bad environment variable does not fail registration: no device is visible and
-    every use of neuron raises the message naming the variable (device_count() too).
-    Must run before the runtime initializes (the first neuron tensor).
+    The core calls this itself at the first question about the devices (:func:`read_topology`);
+    call it again to change them before the runtime initializes (the first neuron tensor), as
+    binding under torchrun does. A bad environment variable does not fail: no device is visible
+    and every use of neuron raises the message naming the variable (device_count() too).
     """
     if ops._is_initialized():
         raise RuntimeError(
             "The neuron runtime is already initialized (a neuron tensor exists): the visible cores can no "
             "longer change. Set NEURON_RT_VISIBLE_CORES and friends before the first use of neuron.")
-    topo = topology.refresh()
+    _size_devices(topology.refresh())
+
+
+def read_topology() -> None:
+    """The core's first question about the devices (device_count(), a first tensor, set_device, ...)
+    reads the environment, as TorchNeuron's runtime does when it starts: NEURON_RT_VISIBLE_CORES and
+    friends set after ``import torch`` but before that first use take effect."""
+    _size_devices(topology.refresh())
+
+
+def _size_devices(topo) -> None:
     if topo is None:
-        ops._set_device_count(0)
         ops._set_config_error(str(topology.error()))
+        ops._set_device_count(0)
         return
     ops._set_config_error("")
     ops._set_device_count(len(topo.visible_cores))
