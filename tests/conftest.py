@@ -54,6 +54,10 @@ def pytest_configure(config):
         # keyed by the ISA (graph_cache.vector_isa_inputs).
         config.fx_cache_saved = os.environ.get(FX_GRAPH_CACHE_ENV)
         os.environ[FX_GRAPH_CACHE_ENV] = "0"
+    # The first set_device of a process chooses the device of every thread that never chose one (as on
+    # TorchNeuron): choose neuron:0 now, so that a test selecting another device does not move it for later ones.
+    if torch.neuron.is_available():
+        torch.neuron.set_device(0)
     if os.environ.get(FX_GRAPH_CACHE_ENV) == "0":
         torch._inductor.config.fx_graph_cache = False  # this process read the variable before it was set
     if os.environ.get("CXX") == CXX_CACHE:

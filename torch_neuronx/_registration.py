@@ -12,6 +12,8 @@ from torch_neuronx.runtime import BACKEND_NAME, core, warn_once
 NEURON_ALIASES = {name: ("torch_neuronx.neuron_dynamo_backend", name)
                   for name in ("get_dynamo_metrics", "reset_dynamo_metrics")}
 
+# The package whose top-level device API (TorchNeuron's torch_neuronx.set_device, ...) torch.neuron calls.
+PACKAGE = "torch_neuronx"
 _registered = False
 
 
@@ -68,7 +70,7 @@ def register(on_conflict: str = "raise") -> bool:
     core.load_core()  # the visible cores are read at the first use of a device, not here
     if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
-    neuron.install(NEURON_ALIASES)
+    neuron.install(NEURON_ALIASES, package=PACKAGE)
     python_ops.install()
     for adaptation in (threads, dlpack, distribution_alias, ecosystem_errors, dynamo_rules):
         adaptation.install()

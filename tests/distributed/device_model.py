@@ -24,7 +24,7 @@ def check(name, condition, detail=""):
 def refused(name, call, says):
     try:
         call()
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # set_device: ValueError, as TorchNeuron
         check(name, says in str(error) and f"(here neuron:{local})" in str(error), str(error))
     else:
         raise AssertionError(f"{name}: not refused on local rank {local}")

@@ -91,7 +91,8 @@ def describe_device() -> str:
     index = torch.neuron.current_device()  # under torchrun the rank's core, neuron:<LOCAL_RANK>
     props = torch.neuron.get_device_properties(index)
     count = torch.neuron.device_count()
-    return (f"device neuron:{index} ({props.name}, NeuronCore {props.core_id}), {topology.current().describe()}: "
+    return (f"device neuron:{index} ({props.chip} {props.core_arch}, NeuronCore {props.core_id}), "
+            f"{topology.current().describe()}: "
             f"{count} visible core{'s' if count != 1 else ''}, {format_bytes(props.total_memory)} each; "
             "ops run on this host's CPU")
 

@@ -46,6 +46,11 @@ KINDS = {
         "another index (a fixed neuron:0 on a local rank above 0, say) with this error",
         'name the process\'s own core: torch.device("neuron", int(os.environ["LOCAL_RANK"])), "neuron" or '
         'torch.neuron.current_device()'),
+    "device-argument": Kind(
+        "would-fail", "TorchNeuron's device API refuses this device: an index outside the devices the process "
+        "sees, or a form it does not take (torch.neuron.set_device(\"neuron:1\"), get_device_name(\"neuron:1\"))",
+        "pass an index from 0 to torch.neuron.device_count() - 1, or torch.device(\"neuron\", i); "
+        "NEURON_RT_VISIBLE_CORES and NEURON_RT_NUM_CORES choose the visible devices"),
     "runtime-before-group": Kind(
         "would-fail", "a neuron tensor was made before init_process_group: TorchNeuron binds a torchrun process "
         "to its core when the group is created, and asserts the runtime has not started yet",
@@ -137,6 +142,8 @@ def user_site() -> tuple[str, bool]:
 
 # Errors a program stops on that TorchNeuron raises too, told apart by the words both use.
 STOPPING_ERRORS = (("another-rank-core", ("for this process. ", "doesn't attach to this process")),
+                   ("device-argument", ("Invalid device id: ", "is out of range. Valid range is 0 to",
+                                        "expects a device index (int)", "Incorrect device argument found")),
                    ("runtime-before-group", ("should not be initialized before the init_process_group",)))
 
 

@@ -20,7 +20,6 @@ from torch_neuronx.neuron._device import (  # noqa: F401
     device,
     device_count,
     device_of,
-    set_device,
 )
 from torch_neuronx.neuron import memory  # noqa: F401
 from torch_neuronx.neuron.memory import (  # noqa: F401
@@ -84,6 +83,7 @@ __all__ = [
 ]
 
 _in_bad_fork = False
+_package = "torch_neuronx"  # the package whose set_device torch.neuron.set_device calls (install() names it)
 # Names torch.neuron answers on behalf of higher layers (TorchNeuron's aliases), as
 # name -> (module, attribute), imported on first use. Given by install(), so that this
 # package imports nothing above it.
@@ -110,6 +110,7 @@ def _is_in_bad_fork() -> bool:
 
 def _lazy_init() -> None:
     """Called by torch before the first neuron tensor is created."""
+    _ops._device_count()  # the first use of a device: the core reads the visible cores now, if not yet
     if _in_bad_fork:
         raise RuntimeError(
             "Cannot re-initialize the neuron runtime in a forked subprocess. To use neuron with "
@@ -132,9 +133,12 @@ def _after_fork_in_child() -> None:
         _in_bad_fork = True
 
 
-def install(aliases: dict[str, tuple[str, str]]) -> None:
+def install(aliases: dict[str, tuple[str, str]], package: str) -> None:
     """Make this package ``torch.neuron``, with Tensor/Module/Storage methods for the device;
-    ``aliases`` are names answered from higher layers (see ``_aliases``)."""
+    ``aliases`` are names answered from higher layers (see ``_aliases``), ``package`` the module whose
+    ``set_device`` torch.neuron.set_device calls (TorchNeuron's ``torch_neuronx``)."""
+    global _package
+    _package = package
     module = sys.modules[__name__]
     torch._register_device_module(BACKEND_NAME, module)
     # `import torch.neuron.memory` must find the same module objects, not load copies.
@@ -144,6 +148,22 @@ def install(aliases: dict[str, tuple[str, str]]) -> None:
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _aliases.update(aliases)
+
+
+def set_device(device) -> None:
+    """Make ``device`` (an index or a torch.device; None: the current one) this thread's current
+    device. As on TorchNeuron it goes through ``torch_neuronx.set_device``, so the index is checked
+    there (ValueError) and a replacement of that name (a test's mock) is followed."""
+    index = device.index if isinstance(device, torch.device) else device
+    if index is None:
+        index = current_device()
+    _package_name("set_device")(index)
+
+
+def _package_name(name: str):
+    """``torch_neuronx.<name>``, looked up when called: install() names the package's module, which
+    sits above this layer and is always imported before it."""
+    return getattr(importlib.import_module(_package), name)
 
 
 def synchronize(device=None) -> None:
