@@ -6,6 +6,7 @@
 #include "neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Generator.h>
 #include <c10/core/TensorImpl.h>
 
@@ -50,7 +51,10 @@ struct NeuronGeneratorImpl final : c10::GeneratorImpl {
     offset_ = offset;
   }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
-    auto state = at::empty({kStateBytes}, at::TensorOptions().dtype(at::kByte));
+    // Not at::empty: under a Python mode (FakeTensorMode, LocalTensorMode) that would be a tensor
+    // without data. CPU's generator builds its state the same way.
+    auto state = at::detail::empty_cpu({kStateBytes}, at::kByte, std::nullopt, std::nullopt, std::nullopt,
+                                       std::nullopt);
     auto* bytes = state.data_ptr<uint8_t>();
     std::memcpy(bytes, &seed_, sizeof(seed_));
     std::memcpy(bytes + sizeof(seed_), &offset_, sizeof(offset_));

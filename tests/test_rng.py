@@ -75,3 +75,15 @@ def test_fork_rng_restores_neuron_state():
     after = torch.randn(3, device=N).cpu()
     torch.manual_seed(0)
     assert torch.equal(after, torch.randn(3, device=N).cpu())
+
+
+def test_the_state_is_real_bytes_under_a_python_mode():
+    # DTensor's LocalTensorMode and the simulator's FakeTensorMode read it inside their dispatch: a state
+    # built through the dispatcher would be a tensor without data there (CI: parallelize_module failed).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.neuron.manual_seed(7)
+    expected = torch.neuron.get_rng_state()
+    with FakeTensorMode():
+        state = torch.neuron.get_rng_state()
+    assert type(state) is torch.Tensor and torch.equal(state, expected)

@@ -116,7 +116,7 @@ def test_a_hard_coded_neuron_0_fails_on_ranks_1_to_3_naming_the_line(tmp_path, s
     r, plan = simulate(tmp_path, "--all-ranks", "--nproc-per-node", "4", "--instance", "trn2.3xlarge", PROGRAM,
                        "--hard-coded-device")
     line = line_of("torch.neuron.set_device(")
-    assert r.returncode == 1 and f"failed on ranks 1-3 at {line}: RuntimeError: Device index 0 is out of range" \
+    assert r.returncode == 1 and f"failed on ranks 1-3 at {line}: ValueError: Device index 0 is out of range" \
         in r.stderr, r.stderr
     assert ["error" in rank for rank in plan["ranks"]] == [False, True, True, True]
 
