@@ -17,9 +17,9 @@ import torch._inductor.config
 # (pytest-xdist, --dist loadfile) in collection order: these start first, so that no long file
 # is left running alone at the end. The other files follow in pytest's order.
 LONGEST_FILES = (
-    "test_seed_examples_compiled.py",
-    "test_compile_cache_processes.py",
     "test_distributed.py",
+    "test_compile_cache_processes.py",
+    "test_seed_examples_compiled.py",
     "test_seed_examples.py",
     "test_opinfo.py",
     "test_clean_exit.py",

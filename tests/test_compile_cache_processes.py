@@ -188,6 +188,7 @@ def precompile_in_subprocess(script, neff_dir, *argv):
     return json.loads(r.stdout.splitlines()[-1]), r.stderr
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_precompiled_function_is_not_traced_again_but_its_guards_hold(tmp_path):
     script, neff = tmp_path / "precompiled.py", tmp_path / "neff"
     script.write_text(textwrap.dedent(PRECOMPILE_SCRIPT))
@@ -291,6 +292,7 @@ ISA_SCRIPT = """
 """
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_warm_process_runs_no_isa_probe_and_hits_inductors_cache(tmp_path):
     neff = tmp_path / "neff"
     records = neff / "inductor" / "vec_isa_probes"
@@ -320,6 +322,7 @@ def test_warm_process_runs_no_isa_probe_and_hits_inductors_cache(tmp_path):
     assert healed["isas"] == cold["isas"] and healed["out"] == cold["out"]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_forced_capability_never_reuses_code_built_for_the_cpus_own_isa(tmp_path):
     """Inductor's FX graph cache keys leave out ATEN_CPU_CAPABILITY: in a directory it shares with
     native runs (the user's TORCHINDUCTOR_CACHE_DIR, or Inductor's default when the NEFF cache

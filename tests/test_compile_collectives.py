@@ -2,6 +2,8 @@
 two ranks of a Gloo process group, each on its own neuron device."""
 import textwrap
 
+import pytest
+
 from helpers.isolated import run
 
 SCRIPT = """
@@ -34,6 +36,7 @@ SCRIPT = """
 """
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_compiled_all_reduce_across_two_ranks(tmp_path):
     script = tmp_path / "two_ranks.py"
     script.write_text(textwrap.dedent(SCRIPT))

@@ -375,6 +375,7 @@ CACHED_PROCESS = """
 """
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_xla_programs_are_cached_across_processes(tmp_path):
     cache_dir = str(tmp_path / "shared_cache")
     results = []
@@ -468,6 +469,7 @@ MISSING_TORCH_MLIR = """
 """
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked(tmp_path):
     proc = isolated.run(MISSING_TORCH_MLIR, TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "cache"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -530,6 +532,7 @@ COMPLEX_CAST = """
 COMPLEX_CAST_LINE = 4  # the line of the compile, in the program above as run by `python -c`
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_a_compiler_crash_is_a_finding_while_the_report_observes(tmp_path):
     """torch-mlir aborts the process (LLVM ERROR) lowering a cast to complex; readiness lowers every
     graph, in its worker process: the program runs on and the report names the op and the line."""
@@ -610,6 +613,7 @@ def _forward_and_backward(report) -> tuple[dict, dict]:
     return graphs[name], graphs[f"{name}.backward"]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_a_compiled_cnn_training_loop_lowers_forward_and_backward_with_no_cpu_fallback_rows(collect):
     """TorchNeuron compiles a graph whole or not at all: max_pool2d_with_indices, which has no eager
     NeuronCore kernel, runs inside the NEFF here. The report lists both graphs AOTAutograd made, each

@@ -570,6 +570,7 @@ def test_report_without_collection_says_so():
     assert "not observed" in report.assumptions[0]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_env_var_prints_report_at_exit():
     code = """
         import torch

@@ -147,6 +147,7 @@ def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
     return sorted(p.read_text() for p in result_dir.glob("rank*.txt"))
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_two_nodes_run_every_collective_with_each_rank_on_its_nodes_local_core(tmp_path):
     # LOCAL_RANK starts at 0 on each node: ranks 0,1 on node 0 and 2,3 on node 1 take cores 0 and 1.
     reports = torchrun_nodes("collectives.py", 2, 2, tmp_path)
@@ -154,6 +155,7 @@ def test_two_nodes_run_every_collective_with_each_rank_on_its_nodes_local_core(t
     assert reports == [f"{rank} neuron {n} node={rank // 2} core={rank % 2}" for rank, n in enumerate(in_pair)]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_two_nodes_ddp_fsdp2_and_tensor_parallel_equal_one_cpu_process(tmp_path):
     assert torchrun_nodes("parallel_training.py", 2, 1, tmp_path) == ["0 23", "1 23"]
 

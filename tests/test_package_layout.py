@@ -160,6 +160,7 @@ def _reachable(module: str) -> set[str]:
 FAITHFUL = "torch_neuronx.neuron_dynamo_backend.faithful"
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_the_default_executor_does_not_depend_on_the_faithful_front_end():
     executors = importlib.import_module("torch_neuronx.neuron_dynamo_backend.executors")
     config = importlib.import_module("torch_neuronx.neuron_dynamo_backend.config")

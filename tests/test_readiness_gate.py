@@ -73,6 +73,7 @@ def test_fail_on_would_fail_exits_3_and_a_baseline_accepts_what_it_holds(project
     assert f"train.py:{COPY_LINE + 3}  [layout-change]  w = x.to(" in verdict and COPY not in verdict
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_the_gate_follows_the_severity_the_variable_and_the_scripts_own_status(project):
     stricter = run(project, "--fail-on", "computes-differently", "train.py")
     assert stricter.returncode == gate.EXIT_FINDINGS
@@ -86,6 +87,7 @@ def test_the_gate_follows_the_severity_the_variable_and_the_scripts_own_status(p
     assert own.returncode == 5  # the script's failure wins over the gate's
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_mistakes_are_refused_before_the_script_runs(project):
     bad = run(project, "--fail-on", "fatal", "train.py")
     assert bad.returncode == 2 and "--fail-on='fatal' is not a severity: use one of would-fail" in bad.stderr
@@ -107,6 +109,7 @@ def test_mistakes_are_refused_before_the_script_runs(project):
     assert not (project / "neuron_report").exists()
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_github_actions_annotations_and_a_sarif_baseline(project):
     github = {"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(project)}
     first = run(project, "--format", "sarif", "train.py", **github)
@@ -300,6 +303,7 @@ def test_the_plugin_fails_exactly_the_test_that_would_fail_on_trainium(tmp_path,
     assert "in test_model.py::test_copy_to_channels_last" in summary
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_the_plugins_severity_comes_from_the_option_or_the_variable(tmp_path):
     (tmp_path / "test_model.py").write_text(TEST_FILE)
     strict = pytest_run(tmp_path, "--neuron-readiness=computes-differently", "test_model.py")

@@ -51,6 +51,7 @@ def test_saving_is_once_and_whole(reduced_path):
     assert not [f for f in os.listdir(os.path.dirname(reduced_path)) if f.startswith(".staging-")]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_eager_call_equals_cpu_on_the_same_bytes_and_hbm_counts_the_weights(reduced_path):
     sys.path.insert(0, BENCHMARKS)
     try:
@@ -78,6 +79,7 @@ def test_eager_call_equals_cpu_on_the_same_bytes_and_hbm_counts_the_weights(redu
     assert torch.neuron.memory_allocated() == before
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_a_checkpoint_too_large_for_the_hosts_processes_is_refused_before_loading(reduced_path):
     from torch_neuronx.demo import pipelines
     from torch_neuronx.runtime import host_memory

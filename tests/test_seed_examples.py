@@ -61,6 +61,7 @@ def test_a_model_without_weights_is_a_clear_error(tmp_path):
     assert demo.returncode == 1 and demo.stderr.startswith("error: --model") and "no Flux2-Klein weights" in demo.stderr
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_model_option_loads_a_checkpoint_directory_in_bf16_as_for_the_real_model(tmp_path, monkeypatch):
     # The small pipeline's directory stands in for a downloaded FLUX.2-klein: the --model path
     # (a local checkpoint, bf16) runs end to end and draws what CPU draws in bf16.

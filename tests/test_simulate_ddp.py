@@ -50,7 +50,10 @@ def test_the_plan_has_ddps_buckets_and_peak_as_torchrun_runs_them(tmp_path, simu
     built, rebuilt = real["bucket_sizes"]
     assert [[c["bytes"] for c in b["calls"]] for b in backwards] == [built, rebuilt, rebuilt]
     assert {c["line"] for b in backwards for c in b["calls"]} == {line_of("loss.backward()")}
-    assert rank["peak_bytes"] == real["peak_bytes"]
+    # The real run's peak can be one set of gradients higher: Gloo's worker thread drops a finished
+    # bucket's tensors when it gets to it, which under load can be after the next allocation.
+    assert 0 <= real["peak_bytes"] - rank["peak_bytes"] <= 4 * real["weights"].numel() + 512 * 8, \
+        (real["peak_bytes"], rank["peak_bytes"])
 
 
 @pytest.mark.parametrize("hook, dtype", [("fp16", "float16"), ("bf16-wrapped", "bfloat16")])
@@ -126,6 +129,7 @@ SMALL_LLAMA_DDP = ["--ddp", "--tp", "1", "--steps", "2", "--layers", "2", "--hid
                    "4", "--kv-heads", "4", "--vocab", "256", "--seq", "16", "--batch", "2", "--dtype", "float32"]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_a_llama_under_ddp_is_planned_from_two_ranks_and_equals_one_device(tmp_path, simulate):
     """The benchmark's program (a Llama-style decoder under DDP), small: it never uses its rank, so ranks 0
     and 3 run and the others are relabelled; each backward all-reduces every gradient's bytes (the first in

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs", "simulate")
 TINY = ["--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--kv-heads", "2", "--vocab", "100"]
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
@@ -27,6 +29,7 @@ def generated(stdout):
     return ast.literal_eval(line.split(":", 1)[1].strip())
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_decode_eager_and_compiled_generate_the_same_tokens(tmp_path):
     args = ["--prompt", "8", "--new-tokens", "3"]
     eager = generated(run(tmp_path, "llama_decode_tp.py", *args, "--eager"))
@@ -35,6 +38,7 @@ def test_decode_eager_and_compiled_generate_the_same_tokens(tmp_path):
     assert compiled == eager
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_train_loss_decreases(tmp_path):
     args = ["--seq", "16", "--global-batch", "2", "--tp", "1", "--steps", "3", "--lr", "1e-2", "--eager"]
     losses = []

@@ -194,6 +194,7 @@ def test_a_1024_rank_plan_is_grouped_and_small(tmp_path, simulate):
 
 
 # ---- one program, one time ------------------------------------------------------------------------
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_the_report_and_the_one_device_plan_give_a_program_the_same_time(tmp_path, simulate):
     program = os.path.join(PROGRAMS, "one_device_flux2.py")
     run = subprocess.run([sys.executable, "-m", "torch_neuronx.run", "--output-dir", str(tmp_path / "report"), program],

@@ -5,6 +5,8 @@ interpreter (one interpreter walks all profiles through apply_topology before th
 """
 import json
 
+import pytest
+
 from helpers.isolated import run
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -197,6 +199,7 @@ def test_topology_cannot_change_after_initialization():
     assert "already initialized" in r.stdout and r.stdout.split()[-1] == "4"
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_visible_cores_are_read_at_the_first_use_of_a_device_not_at_import():
     # TorchNeuron's runtime reads NEURON_RT_* when it starts: its own test conftest sets
     # NEURON_RT_NUM_CORES=1 after `import torch`, then creates the first tensor.

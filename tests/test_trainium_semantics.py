@@ -198,6 +198,7 @@ ENV_PROGRAM = """
 """
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_the_environment_variable_applies_it_and_a_bad_value_says_what_is_valid():
     on = isolated.run(ENV_PROGRAM, TORCH_NEURONX_EAGER_SEMANTICS="trainium")
     assert on.returncode == 0, on.stderr[-2000:]
