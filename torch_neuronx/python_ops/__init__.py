@@ -5,12 +5,16 @@ the neuron device cannot reach. :func:`install` registers them all.
 
 - :mod:`.recurrent`: RNN, GRU and LSTM through CPU's generic path (PyTorch sends non-CPU devices to
   fused cells that CPU has no kernel for).
+- :mod:`.sync_batch_norm`: the kernels ``nn.SyncBatchNorm`` calls, which PyTorch has for CUDA only
+  (``batch_norm_stats``, ``batch_norm_gather_stats_with_counts``, ``batch_norm_elemt`` and the two
+  backward ones), computed as TorchNeuron computes them.
 - :mod:`.trainium_semantics`: with ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``, every eager op computes
   as TorchNeuron's does; :mod:`.host_ops` lists the ops TorchNeuron runs on the CPU.
 """
-from torch_neuronx.python_ops import recurrent, trainium_semantics
+from torch_neuronx.python_ops import recurrent, sync_batch_norm, trainium_semantics
 
 
 def install() -> None:
     recurrent.install()
+    sync_batch_norm.install()
     trainium_semantics.install()
