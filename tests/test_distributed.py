@@ -23,7 +23,11 @@ def torchrun(script, ranks, result_dir, **env):
     return sorted(p.read_text() for p in result_dir.glob("rank*.txt"))
 
 
-COLLECTIVE_CHECKS = 36  # what tests/distributed/collectives.py checks on each rank (one more with a subgroup's rank)
+def collective_checks(ranks: int) -> list[int]:
+    """What tests/distributed/collectives.py checks on each rank: all_to_all's three where Trainium runs it
+    (4, 8 or 16 ranks), and one more on the ranks of its subgroup."""
+    base = 28 + (3 if ranks in (4, 8, 16) else 0)
+    return [base + (rank < 2) for rank in range(ranks)]
 
 
 @pytest.mark.parametrize("ranks, backend, reported, checked", [(2, "neuron", "neuron", "1"), (2, "", "undefined", "1"),
@@ -31,8 +35,18 @@ COLLECTIVE_CHECKS = 36  # what tests/distributed/collectives.py checks on each r
 def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported, checked):
     # backend "": init_process_group() without one, as when neuron is the accelerator. Checks off: plain Gloo.
     reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend, TORCH_NEURONX_COLLECTIVE_CHECKS=checked)
-    in_pair = [COLLECTIVE_CHECKS if rank < 2 else COLLECTIVE_CHECKS - 1 for rank in range(ranks)]
-    assert reports == [f"{rank} {reported} {n} node=0 core={rank}" for rank, n in enumerate(in_pair)]
+    assert reports == [f"{rank} {reported} {n} node=0 core={rank}" for rank, n in enumerate(collective_checks(ranks))]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_neuron_group_keeps_torchneuron_process_group_rules(tmp_path, ranks):
+    """TorchNeuron's ProcessGroupNeuron (distributed/backend.py) and its collectives' checks: reduce leaves the
+    other ranks' tensors, a one-tensor reduce_scatter list is split, reduce_scatter_tensor splits the dimension
+    that differs, gathers squeeze, all_gather_coalesced goes [tensor][rank], AVG truncates integers,
+    PREMUL_SUM; CPU and empty tensors, other reduce ops, bad roots, uneven splits and subgroup barriers refused
+    in its words (tests/distributed/torchneuron_rules.py)."""
+    checks = {2: [23, 23], 4: [29, 29, 28, 28]}[ranks]
+    assert torchrun("torchneuron_rules.py", ranks, tmp_path) == [f"{rank} {n}" for rank, n in enumerate(checks)]
 
 
 WIDE_CHECKS = 6  # what tests/distributed/wide_dtypes.py checks on each rank
@@ -124,6 +138,22 @@ def test_a_neuron_tensor_before_the_group_is_refused_and_reported_at_its_line(tm
     assert f"{script}:3  [runtime-before-group]" in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("call, kind", [
+    ("dist.all_reduce(torch.ones(2))", "collective-cpu-tensor"),
+    ("dist.all_reduce(torch.ones(0, device='neuron'))", "collective-empty-tensor"),
+    ("dist.all_to_all_single(torch.zeros(2, device='neuron'), torch.zeros(2, device='neuron'), [2], [2])",
+     "collective-uneven-split"),
+])
+def test_a_collective_torchneuron_refuses_is_reported_at_its_line(tmp_path, call, kind):
+    script = tmp_path / "refused.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('neuron', store=dist.HashStore(), rank=0, world_size=1)\n"
+                      f"{call}\n")
+    r = run(f"import runpy, sys; sys.argv = ['run', '--output-dir', {str(tmp_path / 'report')!r}, {str(script)!r}]; "
+            "runpy.run_module('torch_neuronx.run', run_name='__main__')")
+    assert f"{script}:3  [{kind}]" in r.stderr, r.stderr[-3000:]
+
+
 def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
     """Run tests/distributed/<script> as on `nodes` hosts: one torchrun launcher per node, started
     separately and joined by c10d rendezvous (loopback addresses only); each rank's report, sorted
@@ -151,8 +181,7 @@ def torchrun_nodes(script, nodes, procs_per_node, result_dir, **env):
 def test_two_nodes_run_every_collective_with_each_rank_on_its_nodes_local_core(tmp_path):
     # LOCAL_RANK starts at 0 on each node: ranks 0,1 on node 0 and 2,3 on node 1 take cores 0 and 1.
     reports = torchrun_nodes("collectives.py", 2, 2, tmp_path)
-    in_pair = [COLLECTIVE_CHECKS if rank < 2 else COLLECTIVE_CHECKS - 1 for rank in range(4)]
-    assert reports == [f"{rank} neuron {n} node={rank // 2} core={rank % 2}" for rank, n in enumerate(in_pair)]
+    assert reports == [f"{rank} neuron {n} node={rank // 2} core={rank % 2}" for rank, n in enumerate(collective_checks(4))]
 
 
 @pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
@@ -286,7 +315,9 @@ def test_collective_checks_are_on_by_default_can_be_turned_off_and_reject_a_bad_
     code = """
         import os, torch, torch.distributed as dist
         dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
-        print(type(dist.group.WORLD).__name__, type(dist.group.WORLD._get_backend(torch.device("neuron"))).__name__)
+        from torch_neuronx.distributed import collective_checks_enabled
+        group = dist.group.WORLD
+        print(type(group).__name__, type(group._get_backend(torch.device("neuron"))).__name__, collective_checks_enabled())
         os.environ["TORCH_NEURONX_COLLECTIVE_CHECKS"] = "maybe"
         try:
             dist.new_group(backend="neuron")
@@ -297,20 +328,21 @@ def test_collective_checks_are_on_by_default_can_be_turned_off_and_reject_a_bad_
     for r in (default, off):
         assert r.returncode == 0, r.stderr[-2000:]
         assert "TORCH_NEURONX_COLLECTIVE_CHECKS='maybe' is not a boolean" in r.stdout.splitlines()[1], r.stdout
-    assert default.stdout.splitlines()[0] == "CheckedProcessGroup ProcessGroupGloo"
-    assert off.stdout.splitlines()[0] == "ProcessGroup ProcessGroupGloo"
+    # TorchNeuron's rules either way; the comparison across ranks (failing_group's tests) only when on
+    assert default.stdout.splitlines()[0] == "ProcessGroupNeuron ProcessGroupGloo True"
+    assert off.stdout.splitlines()[0] == "ProcessGroupNeuron ProcessGroupGloo False"
 
 
-def test_the_checked_group_runs_every_method_torchs_trampoline_covers_on_its_stock_group():
+def test_the_neuron_group_runs_every_method_torchs_trampoline_covers_without_its_c_base():
     # torch's trampoline (PyProcessGroup.hpp) runs a Python group's C++ base method holding the GIL, so a
-    # collective it covers that CheckedProcessGroup leaves to its base (or calls through super()) would
-    # enqueue into Gloo holding the GIL and could deadlock with Gloo's worker (docs/notes.md 31). The
-    # methods are read from the installed header: a torch that covers one more fails here.
+    # collective it covers that ProcessGroupNeuron left to its base (or called through super()) would enqueue
+    # into Gloo holding the GIL and could deadlock with Gloo's worker (docs/notes.md 31). The methods are read
+    # from the installed header: a torch that covers one more fails here.
     import inspect
     import re
 
     import torch
-    from torch_neuronx.distributed.collective_checks import CheckedProcessGroup
+    from torch_neuronx.distributed.process_group import ProcessGroupNeuron
 
     header = os.path.join(os.path.dirname(torch.__file__), "include", "torch", "csrc", "distributed", "c10d",
                           "PyProcessGroup.hpp")
@@ -319,10 +351,11 @@ def test_the_checked_group_runs_every_method_torchs_trampoline_covers_on_its_sto
     covered = set(re.findall(r"c10::intrusive_ptr<Work> (\w+)\(", source))
     assert {"allreduce", "broadcast", "send", "recv"} <= covered, covered
     for name in sorted(covered):
-        method = CheckedProcessGroup.__dict__.get(name)
-        assert method is not None, f"CheckedProcessGroup leaves {name} to torch's trampoline"
+        method = ProcessGroupNeuron.__dict__.get(name)
+        assert method is not None, f"ProcessGroupNeuron leaves {name} to torch's trampoline"
         body = inspect.getsource(method)
-        assert f"self._stock.{name}(" in body and "super()" not in body, body
+        assert "self._stock." in body or "self.alltoall(" in body or "self.reduce_scatter_single(" in body, body
+        assert "super()" not in body, body
 
 
 def test_compiled_training_through_dtensor_parameters_is_a_clear_compile_error():

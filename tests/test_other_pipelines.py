@@ -259,8 +259,14 @@ from accelerate import Accelerator
 accelerator = Accelerator()
 index = accelerator.process_index
 gathered = accelerator.gather(torch.tensor([float(index)], device=accelerator.device))
-# a 2-D tensor: gather() passes all_gather_into_tensor a flat output (the path NCCL and TorchNeuron take)
-rows = accelerator.gather(torch.full((2, 3), float(index), device=accelerator.device))
+# gather() passes all_gather_into_tensor a flat output: TorchNeuron squeezes size-1 dimensions to match a row,
+# and refuses a tensor of several rows (its _allgather_base checks the shape)
+rows = accelerator.gather(torch.full((1, 3), float(index), device=accelerator.device))
+try:
+    accelerator.gather(torch.full((2, 3), float(index), device=accelerator.device))
+    refused = ""
+except NotImplementedError as error:
+    refused = str(error).split(". Details: ")[1].split(". ")[0]
 torch.manual_seed(0)
 model, optimizer = accelerator.prepare(torch.nn.Linear(3, 1), torch.optim.Adam(torch.nn.Linear(3, 1).parameters()))
 accelerator.backward(model(torch.full((2, 3), float(index + 1), device=accelerator.device)).sum())
@@ -272,7 +278,8 @@ accelerator.load_state(state, map_location="on_device")
 report = {"distributed_type": str(accelerator.distributed_type), "device": str(accelerator.device),
           "core": torch.neuron.get_device_properties(accelerator.device).core_id,
           "backend": torch.distributed.get_backend(), "gathered": gathered.tolist(),
-          "gathered_device": gathered.device.type, "rows": rows.tolist(), "model": type(model).__name__,
+          "gathered_device": gathered.device.type, "rows": rows.tolist(), "refused": refused,
+          "model": type(model).__name__,
           "grad": model.module.weight.grad.tolist(), "grad_device": str(model.module.weight.grad.device)}
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{index}.txt"), "w") as f:
     f.write(json.dumps(report))
@@ -289,5 +296,6 @@ def test_accelerate_under_torchrun_gives_each_process_its_neuron_core_and_gather
         # one core per process, as on TorchNeuron: each sees its core as neuron:<LOCAL_RANK>, and DDP is given it
         assert report == {"distributed_type": "DistributedType.MULTI_NEURON", "device": f"neuron:{rank}", "core": rank,
                           "backend": "neuron", "gathered": [0.0, 1.0], "gathered_device": "neuron",
-                          "rows": [[0.0] * 3] * 2 + [[1.0] * 3] * 2, "model": "DistributedDataParallel",
+                          "rows": [[0.0] * 3, [1.0] * 3], "model": "DistributedDataParallel",
+                          "refused": "output shape mismatch, expected (4, 3), got torch.Size([12])",
                           "grad": [[3.0] * 3], "grad_device": f"neuron:{rank}"}  # d/dw of the summed outputs, averaged

@@ -38,8 +38,15 @@ torch.manual_seed(0)
 a, b = torch.randn(8, 12), torch.randn(12, 4)
 rows = distribute_tensor(a.to(dev), mesh, [Shard(0)])
 check("distribute_tensor Shard(0)", rows.to_local(), a.chunk(world)[rank], exact=True)
-check("redistribute Shard(0)->Shard(1)", rows.redistribute(mesh, [Shard(1)]).to_local(), a.chunk(world, 1)[rank],
-      exact=True)
+if world in (4, 8, 16):  # an all_to_all: Trainium runs it on 4, 8, 16 (or a multiple of 32) ranks
+    check("redistribute Shard(0)->Shard(1)", rows.redistribute(mesh, [Shard(1)]).to_local(),
+          a.chunk(world, 1)[rank], exact=True)
+else:
+    try:
+        rows.redistribute(mesh, [Shard(1)])
+    except NotImplementedError as error:
+        assert f"unsupported world size {world}, supported sizes: 4, 8, 16" in str(error), error
+        checks.append("redistribute Shard(0)->Shard(1) refused, as on Trainium")
 check("redistribute Shard->Replicate", rows.redistribute(mesh, [Replicate()]).to_local(), a, exact=True)
 uneven = distribute_tensor(torch.arange(5.0, device=dev), mesh, [Shard(0)])
 check("uneven shard full_tensor", uneven.full_tensor(), torch.arange(5.0), exact=True)

@@ -55,6 +55,17 @@ KINDS = {
         "would-fail", "a neuron tensor was made before init_process_group: TorchNeuron binds a torchrun process "
         "to its core when the group is created, and asserts the runtime has not started yet",
         'create neuron tensors after dist.init_process_group(backend="neuron")'),
+    "collective-cpu-tensor": Kind(
+        "would-fail", "TorchNeuron's process group takes neuron tensors only: a collective on a CPU tensor raises",
+        'move the tensor to neuron first (t.to("neuron")), or give CPU tensors a Gloo group of their own: '
+        'dist.new_group(backend="gloo")'),
+    "collective-empty-tensor": Kind(
+        "would-fail", "TorchNeuron's collectives refuse an empty tensor (all_reduce, reduce_scatter, all_to_all; "
+        "a zero first dimension in the gathers): this call raises",
+        "skip the collective for an empty tensor: if t.numel(): dist.all_reduce(t)"),
+    "collective-uneven-split": Kind(
+        "would-fail", "TorchNeuron's all_to_all_single takes even splits only (no split sizes, or all ones): "
+        "these split sizes raise", "pad every rank's chunk to the same size and pass no split sizes"),
     "safetensors-device": Kind(
         "would-fail", "safetensors rejects device=\"neuron\" (its list of devices is fixed), on Trainium too",
         'load to CPU (device="cpu") and move with .to("neuron"), or pass device=torch.neuron.current_device()'),
@@ -144,7 +155,12 @@ def user_site() -> tuple[str, bool]:
 STOPPING_ERRORS = (("another-rank-core", ("for this process. ", "doesn't attach to this process")),
                    ("device-argument", ("Invalid device id: ", "is out of range. Valid range is 0 to",
                                         "expects a device index (int)", "Incorrect device argument found")),
-                   ("runtime-before-group", ("should not be initialized before the init_process_group",)))
+                   ("runtime-before-group", ("should not be initialized before the init_process_group",)),
+                   # the process group's refusals, by the fix distributed/rules.py puts after TorchNeuron's words
+                   ("collective-cpu-tensor", ("takes neuron tensors only: move them with .to('neuron')",)),
+                   ("collective-empty-tensor", ("TorchNeuron's collectives refuse empty tensors",)),
+                   ("collective-uneven-split", ("alltoall_base: Only even split sizes are supported",
+                                                "_split_sizes length (")))
 
 
 def error_finding(error: BaseException) -> Finding | None:

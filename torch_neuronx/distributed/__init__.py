@@ -1,10 +1,11 @@
 """The ``neuron`` c10d backend (TorchNeuron's ProcessGroupNeuron), built on Gloo.
 
 ``dist.init_process_group(backend="neuron")`` (or no backend, when neuron is the accelerator)
-creates a Gloo process group for neuron and CPU tensors. torch's c10d ops for neuron tensors run
-through the core's zero-copy fallback (``route_c10d_ops_to_fallback``), so Gloo reads and writes
-the neuron memory itself; a group made without a backend argument gets its neuron backend mapped
-for CPU too on first use (``c10d_fallback``). As TorchNeuron does (its ``_neuron_runtime_setup``), a
+creates a ``ProcessGroupNeuron`` (``process_group``): TorchNeuron's rules for each collective
+(``rules``), run by Gloo. torch's c10d ops for neuron tensors run through the core's zero-copy
+fallback (``route_c10d_ops_to_fallback``), so Gloo reads and writes the neuron memory itself; a
+group made without a backend argument gets its neuron backend mapped for CPU too on first use
+(``c10d_fallback``). As TorchNeuron does (its ``_neuron_runtime_setup``), a
 process launched by torchrun takes the core of its LOCAL_RANK when its first neuron group is
 created: ``NEURON_RT_VISIBLE_CORES`` is set to it (unless the user set it), and that one core is
 ``neuron:<LOCAL_RANK>`` of ``LOCAL_WORLD_SIZE`` devices (``runtime.bind_devices``).
@@ -14,7 +15,7 @@ collectives can hang or exchange the wrong bytes. So each neuron group checks, b
 collective, that all ranks run the same one on the same shapes and dtypes, and raises naming both
 ranks' calls (``collective_checks``: through shared memory between the ranks of one host, else one
 small all_gather). ``TORCH_NEURONX_COLLECTIVE_CHECKS=0`` turns it off; under
-TORCH_DISTRIBUTED_DEBUG=DETAIL torch's own ProcessGroupWrapper checks instead.
+TORCH_DISTRIBUTED_DEBUG=DETAIL torch's own ProcessGroupWrapper (around the Gloo) checks instead.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from torch_neuronx.distributed.collective_checks import CheckedProcessGroup
+from torch_neuronx.distributed.process_group import ProcessGroupNeuron
 from torch_neuronx.runtime import BACKEND_NAME, apply_topology, bind_devices, env_flag, ops, topology
 
 CHECKS_ENV = "TORCH_NEURONX_COLLECTIVE_CHECKS"
@@ -109,14 +110,15 @@ def _create_backend(store, rank: int, world_size: int, timeout):
         atexit.register(_let_gloo_workers_release_finished_work)
         _exit_pause_registered = True
     gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every backend in its own check.
-    if not collective_checks_enabled() or dist.get_debug_level() == dist.DebugLevel.DETAIL:
-        return gloo
-    return CheckedProcessGroup(gloo, store, rank, world_size, timeout)
+    detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
+    if detail:  # torch wraps a backend in its own checks; a ProcessGroup it takes as it is
+        gloo = dist.distributed_c10d._create_process_group_wrapper(gloo, "neuron_detail", store, rank, world_size,
+                                                                   timeout)
+    return ProcessGroupNeuron(gloo, store, rank, world_size, timeout, collective_checks_enabled() and not detail)
 
 
 def install() -> None:
-    """Register ``neuron`` with c10d for neuron and CPU tensors (idempotent)."""
+    """Register ``neuron`` with c10d for neuron tensors, as TorchNeuron does (idempotent)."""
     if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=[BACKEND_NAME, "cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=[BACKEND_NAME])

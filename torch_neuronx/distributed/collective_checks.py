@@ -11,20 +11,8 @@ one launcher: each rank writes its description into a slot of a shared-memory bo
 number. Otherwise the descriptions travel in one all_gather of a fixed-size byte tensor through
 the group's own Gloo, so Gloo never sees mismatched sizes.
 
-The group is a Python ``ProcessGroup`` whose backend, for CPU and neuron tensors, is Gloo: torch
-calls its collective methods (from Python, and from C++ through the methods torch lets Python
-override); it checks, then runs the call on a plain C++ ``ProcessGroup`` over the same Gloo (the
-"stock" group), never through its own C++ base. Point-to-point calls are not checked (there is no
-common call to compare), but take the same route.
-
-Why the stock group: torch's trampoline runs a Python group's C++ base method holding the GIL
-(``WORK_OVERRIDE`` in PyProcessGroup.hpp takes it to look for an override, finds none when
-called from the override itself, and calls the base with it held), so ``super().allreduce``
-would enqueue into Gloo holding the GIL. Gloo's worker destroys a finished Work holding the
-queue's lock, and dropping a Work's last reference to a tensor that has a Python object takes
-the GIL: the two would deadlock. The stock group is a plain ``ProcessGroup`` (no Python
-subclass, so no trampoline) and torch binds its methods with the GIL released, so every
-enqueue happens without the GIL, and a worker waiting for it always gets it.
+The neuron group (process_group.py) describes each collective as Gloo will run it, after
+TorchNeuron's rules, so ranks that pass equivalent forms of one call compare equal.
 """
 from __future__ import annotations
 
@@ -40,7 +28,6 @@ import uuid
 import torch
 import torch.distributed as dist
 
-PG = dist.ProcessGroup
 TEXT_BYTES = 240  # a description longer than this is cut and ends in a digest of the whole
 HEADER = struct.Struct("<qqi")  # sequence number, pid, text length
 SLOT_BYTES = HEADER.size + TEXT_BYTES + (-(HEADER.size + TEXT_BYTES)) % 64
@@ -51,35 +38,16 @@ LIVENESS_EVERY_S = 0.1
 
 # ---------------------------------------------------------------- describing a call
 
-def _tensor(t) -> str:
+def tensor_text(t) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}[{', '.join(map(str, t.shape))}]"
 
 
-def _tensors(ts) -> str:
+def tensors_text(ts) -> str:
     flat = [t for x in ts for t in (x if isinstance(x, (list, tuple)) else [x])]
-    parts = [_tensor(t) for t in flat]
+    parts = [tensor_text(t) for t in flat]
     if len(parts) > 1 and len(set(parts)) == 1:
         return f"{len(parts)} x {parts[0]}"
     return ", ".join(parts) if len(parts) <= 1 else "[" + ", ".join(parts) + "]"
-
-
-def _dtypes(ts) -> str:
-    flat = [t for x in ts for t in (x if isinstance(x, (list, tuple)) else [x])]
-    return f"{len(flat)} x " + "/".join(sorted({str(t.dtype).removeprefix('torch.') for t in flat}))
-
-
-def _op(opts) -> str:
-    return str(opts.reduceOp.op).rsplit(".", 1)[-1]
-
-
-def _gather_output(output, input, ranks: int):
-    """all_gather_into_tensor's output in the shape Gloo takes, (ranks x dim 0, *rest), over the same
-    bytes: NCCL and TorchNeuron also take a flat one (numel = ranks x the input's), which accelerate's
-    gather() passes. Ranks that pass either form then describe the same call."""
-    shape = (ranks * input.shape[0], *input.shape[1:]) if input.dim() else (ranks,)
-    if output.shape != shape and output.numel() == ranks * input.numel() and output.is_contiguous():
-        return output.view(shape)
-    return output
 
 
 def _fit(text: str) -> bytes:
@@ -190,29 +158,22 @@ def _host_key() -> str:
     return f"{socket.gethostname()}|{boot}|{pidns}|{os.environ.get('GROUP_RANK', '')}|{os.path.isdir(BOARD_DIR)}"
 
 
-# ---------------------------------------------------------------- the group
+# ---------------------------------------------------------------- the check
 
-class CheckedProcessGroup(PG):
-    """A process group that runs every collective on Gloo after checking that all ranks call it."""
+class CollectiveCheck:
+    """Compares each collective of one group across its ranks; on a difference every rank raises
+    naming both calls."""
 
-    def __init__(self, gloo, store, rank: int, size: int, timeout):
-        super().__init__(rank, size)
-        # Collectives run on this plain group: torch releases the GIL in its methods (see above).
-        self._stock = PG(rank, size)
-        for group in (self, self._stock):
-            for device in ("cpu", "neuron"):
-                group._register_backend(torch.device(device), PG.BackendType.CUSTOM, gloo)
-            group._set_default_backend(PG.BackendType.CUSTOM)
-        self._gloo, self._seq, self._timeout_s = gloo, 0, timeout.total_seconds()
-        self._board, self._single, self._sent = None, size == 1, None
-        if size > 1:
-            store.set(f"neuron_checks/host/{rank}", _host_key())
-            keys = {store.get(f"neuron_checks/host/{r}") for r in range(size)}
-            if len(keys) == 1:
-                self._board = self._open_board(store, rank, size)
-            else:  # a Gloo of its own, so the exchange's messages and threads stay apart from the data's
-                self._checks_gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron_checks/", store), rank, size,
-                                                          timeout)
+    def __init__(self, store, rank: int, size: int, timeout):
+        self.rank, self.size = rank, size
+        self._seq, self._timeout_s = 0, timeout.total_seconds()
+        self._board, self._sent = None, None
+        store.set(f"neuron_checks/host/{rank}", _host_key())
+        keys = {store.get(f"neuron_checks/host/{r}") for r in range(size)}
+        if len(keys) == 1:
+            self._board = self._open_board(store, rank, size)
+        else:  # a Gloo of its own, so the exchange's messages and threads stay apart from the data's
+            self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron_checks/", store), rank, size, timeout)
 
     @staticmethod
     def _open_board(store, rank, size):
@@ -227,140 +188,34 @@ class CheckedProcessGroup(PG):
             board.unlink()  # every rank has it open; nothing is left behind when they exit
         return board
 
-    def getBackendName(self):
-        return "neuron"
-
-    def name(self):
-        return "neuron"
-
-    # -- the check
-
-    def _check(self, call: str) -> None:
-        if self._single:
-            return
+    def __call__(self, call: str, group: str) -> None:
+        """Raise unless every rank of the group describes its next collective as ``call``."""
         self._seq += 1
         text = _fit(call)
         if self._board is not None:
             self._board.post(self._seq, text)
-            texts = self._board.collect(self._seq, self._timeout_s, lambda ranks: self._waiting(call, ranks))
+            texts = self._board.collect(self._seq, self._timeout_s, lambda ranks: self._waiting(call, group, ranks))
         else:
             texts = self._exchange(text)
-        mine = texts[self.rank()]
+        mine = texts[self.rank]
         for r, other in enumerate(texts):
             if other != mine:
                 raise RuntimeError(
-                    f"Detected mismatch between collectives on ranks: rank {self.rank()} is running "
+                    f"Detected mismatch between collectives on ranks: rank {self.rank} is running "
                     f"{call} but rank {r} is running {other.decode(errors='replace')} (collective #{self._seq} "
-                    f"of group {self.group_name!r}). Every rank must call the same collectives, in the same "
+                    f"of group {group!r}). Every rank must call the same collectives, in the same "
                     f"order, on tensors of the same shapes and dtypes.")
 
-    def _waiting(self, call, ranks):
-        return (f"rank {self.rank()} is running {call} (collective #{self._seq} of group {self.group_name!r}), "
+    def _waiting(self, call, group, ranks):
+        return (f"rank {self.rank} is running {call} (collective #{self._seq} of group {group!r}), "
                 f"waiting for rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
 
     def _exchange(self, text: bytes) -> list[bytes]:
         if self._sent is None:  # fixed-size buffers, allocated once
             self._sent = torch.zeros(TEXT_BYTES, dtype=torch.uint8)
-            self._gathered = torch.zeros(self.size() * TEXT_BYTES, dtype=torch.uint8)
+            self._gathered = torch.zeros(self.size * TEXT_BYTES, dtype=torch.uint8)
         sent = self._sent.numpy()
         sent[:] = 0  # fixed size: this exchange itself cannot mismatch
         sent[:len(text)] = bytearray(text)
-        self._checks_gloo._allgather_base(self._gathered, self._sent).wait()
-        return [row.tobytes().rstrip(b"\0") for row in self._gathered.numpy().reshape(self.size(), -1)]
-
-    # -- collectives torch calls from Python, and from C++ where it lets Python override
-
-    def allreduce(self, tensors, opts=None, timeout=None):
-        if not isinstance(opts, dist.AllreduceOptions):  # torch's other forms: (tensor(s)[, op[, timeout]])
-            op, opts = opts, dist.AllreduceOptions()
-            if op is not None:
-                opts.reduceOp = op
-            if timeout is not None:
-                opts.timeout = timeout
-            tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
-        self._check(f"all_reduce({_tensors(tensors)}, {_op(opts)})")
-        return self._stock.allreduce(tensors, opts)
-
-    def allreduce_coalesced(self, tensors, opts):
-        self._check(f"all_reduce_coalesced({_tensors(tensors)}, {_op(opts)})")
-        return self._stock.allreduce_coalesced(tensors, opts)
-
-    def broadcast(self, tensors, opts):
-        self._check(f"broadcast({_tensors(tensors)}, src={opts.rootRank})")
-        return self._stock.broadcast(tensors, opts)
-
-    def reduce(self, tensors, opts):
-        self._check(f"reduce({_tensors(tensors)}, {_op(opts)}, dst={opts.rootRank})")
-        return self._stock.reduce(tensors, opts)
-
-    def allgather(self, outputs, inputs, opts):
-        self._check(f"all_gather({_tensors(inputs)})")
-        return self._stock.allgather(outputs, inputs, opts)
-
-    def allgather_coalesced(self, outputs, inputs, opts):
-        self._check(f"all_gather_coalesced({_tensors(inputs)})")
-        return self._stock.allgather_coalesced(outputs, inputs, opts)
-
-    def all_gather_single(self, output, input, opts):
-        output = _gather_output(output, input, self.size())
-        self._check(f"all_gather_into_tensor({_tensor(output)}, {_tensor(input)})")
-        return self._stock.all_gather_single(output, input, opts)
-
-    def _allgather_base(self, output, input, opts):
-        output = _gather_output(output, input, self.size())
-        self._check(f"all_gather_into_tensor({_tensor(output)}, {_tensor(input)})")
-        return self._stock._allgather_base(output, input, opts)
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
-        self._check(f"all_gather_into_tensor_coalesced({_tensors(outputs)}, {_tensors(inputs)})")
-        return self._stock.all_gather_single_coalesced(outputs, inputs, opts)
-
-    def gather(self, outputs, inputs, opts):
-        self._check(f"gather({_tensors(inputs)}, dst={opts.rootRank})")
-        return self._stock.gather(outputs, inputs, opts)
-
-    def scatter(self, outputs, inputs, opts):
-        self._check(f"scatter({_tensors(outputs)}, src={opts.rootRank})")
-        return self._stock.scatter(outputs, inputs, opts)
-
-    def reduce_scatter(self, outputs, inputs, opts):
-        self._check(f"reduce_scatter({_tensors(outputs)}, {_tensors(inputs)}, {_op(opts)})")
-        return self._stock.reduce_scatter(outputs, inputs, opts)
-
-    def reduce_scatter_single(self, output, input, opts):
-        self._check(f"reduce_scatter_tensor({_tensor(output)}, {_tensor(input)}, {_op(opts)})")
-        return self._stock.reduce_scatter_single(output, input, opts)
-
-    def _reduce_scatter_base(self, output, input, opts):
-        self._check(f"reduce_scatter_tensor({_tensor(output)}, {_tensor(input)}, {_op(opts)})")
-        return self._stock._reduce_scatter_base(output, input, opts)
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        self._check(f"reduce_scatter_tensor_coalesced({_tensors(outputs)}, {_tensors(inputs)}, {_op(opts)})")
-        return self._stock.reduce_scatter_single_coalesced(outputs, inputs, opts)
-
-    def alltoall(self, outputs, inputs, opts):
-        self._check(f"all_to_all({_dtypes(inputs)})")  # each pair of ranks may exchange other sizes
-        return self._stock.alltoall(outputs, inputs, opts)
-
-    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
-        self._check(self._all_to_all_single(output, input, output_splits, input_splits))
-        return self._stock.all_to_all_single(output, input, output_splits, input_splits, opts)
-
-    @staticmethod
-    def _all_to_all_single(output, input, output_splits, input_splits):
-        if output_splits or input_splits:  # each pair of ranks may exchange other sizes
-            return f"all_to_all_single({_dtypes([output, input])}, with split sizes)"
-        return f"all_to_all_single({_tensor(output)}, {_tensor(input)})"
-
-    def barrier(self, opts=None):
-        self._check("barrier()")
-        return self._stock.barrier(opts) if opts is not None else self._stock.barrier()
-
-    # -- point-to-point: not compared, but also run on the stock group (torch's trampoline covers them)
-
-    def send(self, tensors, dst, tag):
-        return self._stock.send(tensors, dst, tag)
-
-    def recv(self, tensors, src, tag):
-        return self._stock.recv(tensors, src, tag)
+        self._gloo._allgather_base(self._gathered, self._sent).wait()
+        return [row.tobytes().rstrip(b"\0") for row in self._gathered.numpy().reshape(self.size, -1)]
