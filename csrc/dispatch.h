@@ -28,6 +28,11 @@ void set_op_tracking_level(int64_t level);
 std::tuple<std::vector<std::string>, std::vector<int64_t>> op_counts();
 void clear_op_counts();
 
+// named_ops.cpp: ops tracked under TorchNeuron's name while their composite runs.
+int64_t register_named_ops(const std::vector<std::string>& names);
+// Whether this thread is inside such an op (its parts are not tracked).
+bool inside_named_op();
+
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Registers the fallback as the neuron kernel of ops that have a CPU kernel and
@@ -106,6 +111,15 @@ class CallContext {
     if (C10_LIKELY(op_tracking_level() < 2)) return;
     for (const at::Tensor* t : inputs) observed_inputs_.push_back(*t);
     observed_results_.push_back(result);
+  }
+  // One tensor of a call observed whole (named_ops.cpp: an op that runs its composite).
+  void observe_tensor(const at::Tensor& t, bool result) {
+    if (!t.defined()) return;
+    if (result) {
+      observed_results_.push_back(t);
+    } else {
+      observed_inputs_.push_back(t);
+    }
   }
 
  private:

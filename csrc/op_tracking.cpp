@@ -179,7 +179,8 @@ void observe(const CallContext& ctx) {
 void record_op(const CallContext& ctx) noexcept {
   const char* name = ctx.op_name();
   // The observer's own ops, a failed call, or a compiled graph's entry (its ops are not eager calls).
-  if (t_in_observer || std::uncaught_exceptions() > 0 || name == kCompiledGraphCall) return;
+  // ... or a part of an op tracked under TorchNeuron's name (named_ops.cpp).
+  if (t_in_observer || std::uncaught_exceptions() > 0 || name == kCompiledGraphCall || inside_named_op()) return;
   {
     std::lock_guard<std::mutex> lock(g_counts_mutex);
     auto& entry = g_counts[name];

@@ -10,11 +10,16 @@ the neuron device cannot reach. :func:`install` registers them all.
   backward ones), computed as TorchNeuron computes them.
 - :mod:`.trainium_semantics`: with ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``, every eager op computes
   as TorchNeuron's does; :mod:`.host_ops` lists the ops TorchNeuron runs on the CPU.
+- :mod:`.torchneuron_kernels`: the ops TorchNeuron has kernels for; the composites among them are
+  tracked under their own name (``csrc/named_ops.cpp``).
 """
-from torch_neuronx.python_ops import recurrent, sync_batch_norm, trainium_semantics
+from torch_neuronx.python_ops import recurrent, sync_batch_norm, torchneuron_kernels, trainium_semantics
+from torch_neuronx.runtime import ops
 
 
 def install() -> None:
     recurrent.install()
     sync_batch_norm.install()
     trainium_semantics.install()
+    # last: the ops registered above have a neuron kernel already, so they are not composites here
+    ops._register_named_ops(list(torchneuron_kernels.named_composites()))

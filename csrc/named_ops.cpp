@@ -1,0 +1,98 @@
+// Ops TorchNeuron runs under their own name that PyTorch would decompose before a backend sees
+// them: composites with no CPU kernel (linear, clone, stack, one_hot, _foreach_add, ...). TorchNeuron
+// registers a neuron kernel for each (its python_ops and NeuronBindings.cpp), so its op tracking,
+// its kernel cache (one NEFF per key) and its profiles name the op, not its parts. Here each runs
+// PyTorch's own composite kernel (CPU's arithmetic on the same bytes; autograd as for any device)
+// and is tracked and observed once, under its name; the ops inside it are not.
+#include "dispatch.h"
+
+#include <torch/library.h>
+
+namespace neuron {
+namespace {
+
+thread_local int t_named_depth = 0;
+
+struct Depth {
+  Depth() { ++t_named_depth; }
+  ~Depth() { --t_named_depth; }
+};
+
+void observe_tensors(CallContext& ctx, const c10::IValue& value, bool result) {
+  if (value.isTensor()) {
+    ctx.observe_tensor(value.toTensor(), result);
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorVector()) ctx.observe_tensor(t, result);
+  }
+}
+
+// A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
+// or DTensor wrapper): the autograd-level kernel sees it before that layer does.
+bool behind_python(const c10::IValue& value) {
+  const auto wrapped = [](const at::Tensor& t) {
+    return t.defined() && t.key_set().has_any(c10::DispatchKeySet(
+                              {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+  };
+  if (value.isTensor()) return wrapped(value.toTensor());
+  if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorVector()) {
+      if (wrapped(t)) return true;
+    }
+  }
+  return false;
+}
+
+c10::DispatchKey composite_key(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)
+             ? c10::DispatchKey::CompositeImplicitAutograd
+             : c10::DispatchKey::CompositeExplicitAutograd;
+}
+
+void run_named(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t begin = stack->size() - schema.arguments().size();
+  for (size_t i = begin; i < stack->size(); ++i) {
+    if (behind_python((*stack)[i])) {  // not a call on neuron memory: its parts reach that layer
+      op.callBoxedForDispatchKey(composite_key(op), *stack);
+      return;
+    }
+  }
+  CallContext ctx(schema.name().c_str());  // records the op when it ends, after the ops inside
+  ctx.set_overload_name(&schema.overload_name());
+  const bool observing = op_tracking_level() >= 2 && t_named_depth == 0;
+  if (observing) {
+    for (size_t i = begin; i < stack->size(); ++i) observe_tensors(ctx, (*stack)[i], false);
+  }
+  {
+    Depth inside;
+    op.callBoxedForDispatchKey(composite_key(op), *stack);
+  }
+  if (observing) {
+    const size_t returns = schema.returns().size();
+    for (size_t i = stack->size() - returns; i < stack->size(); ++i) observe_tensors(ctx, (*stack)[i], true);
+  }
+}
+
+}  // namespace
+
+bool inside_named_op() { return t_named_depth > 0; }
+
+// Registers run_named as the neuron kernel of `names` (below autograd); of the
+// CompositeImplicitAutograd ones also above it, where their decomposition runs.
+int64_t register_named_ops(const std::vector<std::string>& names) {
+  auto* below = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto* above =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+  for (const auto& name : names) {
+    const auto dot = name.find('.');
+    const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+        ("aten::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
+    below->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_named>());
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+      above->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_named>());
+    }
+  }
+  return static_cast<int64_t>(names.size());
+}
+
+}  // namespace neuron
