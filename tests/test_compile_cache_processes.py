@@ -371,7 +371,8 @@ def _logging_compiler(tmp_path):
     return str(wrapper), log
 
 
-@pytest.mark.parametrize("script", [SCRIPT, TRAIN_SCRIPT], ids=["inference", "training"])
+@pytest.mark.parametrize("script", [SCRIPT, pytest.param(TRAIN_SCRIPT, marks=pytest.mark.long)],
+                         ids=["inference", "training"])  # training: make test-long
 def test_a_shared_cache_copied_to_a_second_machine_compiles_nothing_and_refuses_tampering(tmp_path, script):
     from torch_neuronx.neuron_dynamo_backend.caching import entries
 

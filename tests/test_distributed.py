@@ -30,15 +30,16 @@ def collective_checks(ranks: int) -> list[int]:
     return [base + (rank < 2) for rank in range(ranks)]
 
 
-@pytest.mark.parametrize("ranks, backend, reported, checked", [(2, "neuron", "neuron", "1"), (2, "", "undefined", "1"),
-                                                                (4, "neuron", "neuron", "1"), (2, "neuron", "neuron", "0")])
+@pytest.mark.parametrize("ranks, backend, reported, checked", [
+    (2, "neuron", "neuron", "1"), pytest.param(2, "", "undefined", "1", marks=pytest.mark.long),
+    (4, "neuron", "neuron", "1"), pytest.param(2, "neuron", "neuron", "0", marks=pytest.mark.long)])
 def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported, checked):
     # backend "": init_process_group() without one, as when neuron is the accelerator. Checks off: plain Gloo.
     reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend, TORCH_NEURONX_COLLECTIVE_CHECKS=checked)
     assert reports == [f"{rank} {reported} {n} node=0 core={rank}" for rank, n in enumerate(collective_checks(ranks))]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_the_neuron_group_keeps_torchneuron_process_group_rules(tmp_path, ranks):
     """TorchNeuron's ProcessGroupNeuron (distributed/backend.py) and its collectives' checks: reduce leaves the
     other ranks' tensors, a one-tensor reduce_scatter list is split, reduce_scatter_tensor splits the dimension
@@ -52,7 +53,7 @@ def test_the_neuron_group_keeps_torchneuron_process_group_rules(tmp_path, ranks)
 WIDE_CHECKS = 6  # what tests/distributed/wide_dtypes.py checks on each rank
 
 
-@pytest.mark.parametrize("semantics", ["trainium", "cpu"])
+@pytest.mark.parametrize("semantics", ["trainium", pytest.param("cpu", marks=pytest.mark.long)])
 def test_collectives_send_int64_and_float64_as_torchneuron_does_under_its_semantics(tmp_path, semantics):
     """python_ops/xla_builder/op_impl.py: TorchNeuron's collectives run under autocast_neuron, so int64
     goes as int32 and float64 as float32; the default semantics send them exactly."""
@@ -102,7 +103,8 @@ def cpu_full_batch_training(steps=3, hidden=32, layers=3, global_batch=32):
     return torch.stack(losses), torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-@pytest.mark.parametrize("options", [[], ["--accumulate", "2", "--gradient-as-bucket-view", "--bucket-cap-mb", "0.001"]])
+@pytest.mark.parametrize("options", [[], pytest.param(["--accumulate", "2", "--gradient-as-bucket-view", "--bucket-cap-mb",
+                                                          "0.001"], marks=pytest.mark.long)])
 def test_the_cuda_idiom_trains_with_ddp_under_torchrun_as_one_cpu_process(tmp_path, options):
     """The issue's program: set_device(LOCAL_RANK), "neuron:<local rank>", DDP(device_ids=[local_rank]), on 4
     ranks; with no_sync() micro-batches and small buckets too."""
@@ -189,7 +191,7 @@ def test_two_nodes_ddp_fsdp2_and_tensor_parallel_equal_one_cpu_process(tmp_path)
     assert torchrun_nodes("parallel_training.py", 2, 1, tmp_path) == ["0 23", "1 23"]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.long), 4])
 def test_dtensor_tensor_parallel_ddp_and_fsdp2_equal_one_cpu_process(tmp_path, ranks):
     assert torchrun("parallel_training.py", ranks, tmp_path) == [f"{rank} 23" for rank in range(ranks)]
 

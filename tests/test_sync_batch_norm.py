@@ -150,7 +150,7 @@ def test_cpu_tensors_still_have_no_kernel_as_in_pytorch():
         torch.batch_norm_stats(torch.randn(2, 3), EPS)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_sync_batch_norm_trains_under_torchrun_as_one_process_with_batch_norm_over_the_whole_batch(tmp_path, ranks):
     r = isolated.torchrun(os.path.join(HERE, "distributed", "sync_batch_norm.py"), ranks, RESULT_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-4000:]
