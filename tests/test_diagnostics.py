@@ -68,6 +68,16 @@ def test_executed_and_fallback_ops_and_clear():
     assert torch_neuronx.get_executed_ops() == [] and torch_neuronx.get_fallback_ops() == []
 
 
+def test_an_op_torchneuron_has_no_kernel_for_is_a_fallback():
+    # TorchNeuron's boxed CPU fallback runs every op its registries do not name (its test_cpu_fallback)
+    x = torch.tensor([1, 2, 3], dtype=torch.int32, device=N)
+    torch_neuronx.clear_op_tracking()
+    torch.ops.aten._test_optional_intlist(x, None)
+    x + 1
+    assert torch_neuronx.get_executed_ops() == ["aten::_test_optional_intlist", "aten::add.Tensor"]
+    assert torch_neuronx.get_fallback_ops() == ["aten::_test_optional_intlist"]
+
+
 def test_backward_ops_are_tracked():
     w = torch.ones(8, 3, device=N, requires_grad=True)
     x = torch.ones(4, 8, device=N)

@@ -8,6 +8,8 @@ source, so ``import torch_neuronx`` finds the installed package. One shim is app
 check: TorchNeuron's root conftest treats a machine without ``/dev/neuron0`` as a launcher that runs
 no test, and a plugin of ours (loaded with ``-p``) makes ``is_launcher_env`` say it is not one.
 Nothing a test asserts is changed. A file whose docstring says to run it under torchrun is run so.
+The emulated instance is TorchNeuron's CI machine, a trn2.48xlarge (``TORCH_NEURONX_INSTANCE_TYPE``
+set in the environment wins).
 
     python tests/helpers/torchneuron_suite.py --checkout PATH [--folders device,views,...]
         [--timeout 900] [--jobs 2] [--out DIR] [--files PATTERN]
@@ -100,8 +102,11 @@ def command(workdir: str, path: str, xml: str) -> list[str]:
 def run_file(workdir: str, out: str, path: str, timeout: float) -> dict:
     """One file's outcome: its tests' results from the JUnit XML, or why it did not run."""
     xml = os.path.join(out, "xml", path.replace("/", "__") + ".xml")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([workdir, os.environ.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep), "PYTHONDONTWRITEBYTECODE": "1"}
+    # TorchNeuron's tests are written for its CI's trn2.48xlarge (NEURON_RT_NUM_CORES=8 in test_multi_device,
+    # 128 cores at LNC=1): the emulated instance is that one unless the caller chose another.
+    env = {"TORCH_NEURONX_INSTANCE_TYPE": "trn2.48xlarge", **os.environ,
+           "PYTHONPATH": os.pathsep.join([workdir, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
     try:
         proc = subprocess.run(command(workdir, path, xml), cwd=workdir, env=env, capture_output=True, text=True,

@@ -10,7 +10,7 @@ from collections import Counter
 
 
 from torch_neuronx.diagnostics import observer
-from torch_neuronx.python_ops import op_classes
+from torch_neuronx.python_ops import op_classes, torchneuron_kernels
 from torch_neuronx.runtime import ops
 
 
@@ -29,10 +29,17 @@ def get_executed_ops() -> list[str]:
 
 
 def get_fallback_ops() -> list[str]:
-    """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore (each one's source
-    is in ``torch_neuronx.python_ops.host_ops.TABLE``). Every op runs on the host here; these
-    are the ones that would cost a host round trip on Trainium."""
-    return [name for name in get_op_counts() if op_classes.lookup(name) is not None]
+    """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore: those its own
+    registrations route to the CPU (``torch_neuronx.python_ops.host_ops.TABLE``, each with its source)
+    and those it has no neuron kernel for, which its boxed CPU fallback runs
+    (``python_ops.torchneuron_kernels``). Every op runs on the host here; these are the ones that
+    would cost a host round trip on Trainium."""
+    return [name for name in get_op_counts() if is_fallback(name)]
+
+
+def is_fallback(name: str) -> bool:
+    """Whether TorchNeuron runs op ``name`` ('aten::sort.stable') on the CPU (see get_fallback_ops)."""
+    return op_classes.lookup(name) is not None or not torchneuron_kernels.has_kernel(name)
 
 
 def clear_op_tracking() -> None:

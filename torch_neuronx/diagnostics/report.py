@@ -292,7 +292,7 @@ def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
                   first_run_seconds=(0.0, 0.0), phases=[], families=[], signatures=[], compiled_graphs=[], neffs=[],
                   host_syncs=0,
                   executed_ops=executed,
-                  fallback_ops={n: c for n, c in executed.items() if op_classes.lookup(n)},
+                  fallback_ops={n: c for n, c in executed.items() if op_tracking.is_fallback(n)},
                   memory=_memory_rows(), memory_timeline=[], memory_timeline_device=timeline_device,
                   assumptions=cost_model.assumptions(profile) + time_model.assumptions()[:1]
                   + neff_forecast.assumptions())
