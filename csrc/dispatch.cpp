@@ -94,10 +94,11 @@ void CallContext::check_devices() const {
   TORCH_CHECK(other_neuron_device_ < 0,
               "Expected all tensors to be on the same device, but found at least two devices, neuron:",
               int(device_), " and neuron:", int(other_neuron_device_), "! (in ", op_name_, ")");
-  TORCH_CHECK(!saw_cpu_tensor_,
-              "Expected all tensors to be on the same device, but found at least two devices, neuron:",
-              int(device_), " and cpu! (in ", op_name_,
-              "; move the cpu tensor with .to('neuron'), or pass a 0-dim tensor or a Python scalar)");
+  // TorchNeuron's words (python_ops/base.py, can_handle), then torch's and the fix.
+  TORCH_CHECK(!saw_cpu_tensor_, "Non-scalar tensor argument of ", op_name_,
+              " is on cpu device, expected neuron: all tensors must be on the same device, found neuron:",
+              int(device_), " and cpu. Move the cpu tensor with .to('neuron'), or pass a 0-dim tensor or a "
+              "Python scalar.");
 }
 
 c10::Storage CallContext::neuron_storage_for(const c10::Storage& cpu_storage) {

@@ -32,6 +32,8 @@ void clear_op_counts();
 int64_t register_named_ops(const std::vector<std::string>& names);
 // Whether this thread is inside such an op (its parts are not tracked).
 bool inside_named_op();
+// Records one call of aten op `name` for op tracking (a python_ops kernel's call).
+void track_op(const std::string& name);
 
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);

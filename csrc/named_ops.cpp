@@ -77,6 +77,17 @@ void run_named(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 bool inside_named_op() { return t_named_depth > 0; }
 
+// One call of aten op `name` ('batch_norm_stats', 'linear_backward.out'), tracked as if its kernel were
+// ours: the ops registered from Python (python_ops) run on CPU aliases, which nothing tracks.
+void track_op(const std::string& name) {
+  const auto dot = name.find('.');
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      ("aten::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
+  const auto& schema = op.schema();  // lives as long as the op: the name's pointer is stable
+  CallContext ctx(schema.name().c_str());
+  ctx.set_overload_name(&schema.overload_name());
+}
+
 // Registers run_named as the neuron kernel of `names` (below autograd); of the
 // CompositeImplicitAutograd ones also above it, where their decomposition runs.
 int64_t register_named_ops(const std::vector<std::string>& names) {

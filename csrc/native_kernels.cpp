@@ -31,6 +31,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout, "empty");
+  CallContext ctx("aten::empty.memory_format");  // tracked, as TorchNeuron's allocation ops are
   DeviceScope scope(target_index(device));
   return at::detail::empty_generic(size, neuron_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -40,6 +41,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool>) {
   check_strided(layout, "empty_strided");
+  CallContext ctx("aten::empty_strided");
   DeviceScope scope(target_index(device));
   return at::detail::empty_strided_generic(size, stride, neuron_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -85,6 +87,7 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   // CPU's resize grows the storage through the storage's own allocator: ours.
+  CallContext ctx("aten::resize_");
   DeviceScope scope(self.device().index());
   return at::native::resize_(self, size, memory_format);
 }

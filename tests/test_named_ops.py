@@ -1,4 +1,4 @@
-"""Composites TorchNeuron has a kernel for (linear, matmul, clone, stack, one_hot, ...) are tracked
+"""Composites TorchNeuron has a kernel for (linear, clone, stack, one_hot, ...) are tracked
 under their own name, as TorchNeuron tracks them, and compute CPU's composite on the same bytes
 (csrc/named_ops.cpp, torch_neuronx/python_ops/torchneuron_kernels.py)."""
 import pytest
@@ -57,3 +57,39 @@ def test_one_hot_and_ones_are_named_and_their_values_are_cpus():
     ones = torch.ones(2, 3, device=N)
     assert {"aten::one_hot", "aten::ones"} <= set(torch_neuronx.get_executed_ops())
     assert torch.equal(hot.cpu(), F.one_hot(labels, 3)) and torch.equal(ones.cpu(), torch.ones(2, 3))
+
+
+def test_allocations_and_resizes_are_tracked_as_torchneuron_tracks_them():
+    # its test_resize / test_empty_strided / test_empty_memory_format assert these names
+    torch_neuronx.clear_op_tracking()
+    x = torch.empty(2, 3, device=N)
+    torch.empty_strided((2, 3), (1, 2), device=N)
+    x.resize_(4, 5)
+    assert {"aten::empty.memory_format", "aten::empty_strided", "aten::resize_"} <= \
+        set(torch_neuronx.get_executed_ops())
+    assert x.shape == (4, 5) and x.device.type == "neuron"
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False)])
+def test_linear_backward_is_torchneurons_kernel_and_equals_cpus_gradients(mask):
+    # PyTorch has aten::linear_backward for MKLDNN only; TorchNeuron's tests call it on neuron tensors
+    x, w, b = torch.randn(2, 5, 4), torch.randn(3, 4), torch.randn(3)
+    grad = torch.randn(2, 5, 3)
+    xc, wc, bc = (t.clone().requires_grad_() for t in (x, w, b))
+    F.linear(xc, wc, bc).backward(grad)
+    torch_neuronx.clear_op_tracking()
+    gx, gw, gb = torch.ops.aten.linear_backward(x.to(N), grad.to(N), w.to(N), list(mask))
+    assert "aten::linear_backward" in torch_neuronx.get_executed_ops()
+    assert (gx is None) == (not mask[0]) and (gw is None) == (gb is None) == (not (mask[1] or mask[2]))
+    for ours, cpu in ((gx, xc.grad), (gw, wc.grad), (gb, bc.grad)):
+        if ours is not None:
+            assert ours.device.type == "neuron"
+            torch.testing.assert_close(ours.cpu(), cpu)
+
+
+def test_sync_batch_norms_kernels_are_tracked_under_their_names():
+    x = torch.randn(4, 3, 5)
+    torch_neuronx.clear_op_tracking()
+    mean, invstd = torch.batch_norm_stats(x.to(N), 1e-5)
+    assert "aten::batch_norm_stats" in torch_neuronx.get_executed_ops()
+    torch.testing.assert_close(mean.cpu(), x.mean((0, 2)))

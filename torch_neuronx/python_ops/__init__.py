@@ -3,6 +3,8 @@
 Every other op runs PyTorch's CPU kernel through the C++ core; these are the ops whose CPU kernel
 the neuron device cannot reach. :func:`install` registers them all.
 
+- :mod:`.linear_backward`: ``aten::linear_backward``, which PyTorch has for MKLDNN tensors only, as
+  TorchNeuron computes it.
 - :mod:`.recurrent`: RNN, GRU and LSTM through CPU's generic path (PyTorch sends non-CPU devices to
   fused cells that CPU has no kernel for).
 - :mod:`.sync_batch_norm`: the kernels ``nn.SyncBatchNorm`` calls, which PyTorch has for CUDA only
@@ -13,11 +15,13 @@ the neuron device cannot reach. :func:`install` registers them all.
 - :mod:`.torchneuron_kernels`: the ops TorchNeuron has kernels for; the composites among them are
   tracked under their own name (``csrc/named_ops.cpp``).
 """
-from torch_neuronx.python_ops import recurrent, sync_batch_norm, torchneuron_kernels, trainium_semantics
+from torch_neuronx.python_ops import (linear_backward, recurrent, sync_batch_norm, torchneuron_kernels,
+                                      trainium_semantics)
 from torch_neuronx.runtime import ops
 
 
 def install() -> None:
+    linear_backward.install()
     recurrent.install()
     sync_batch_norm.install()
     trainium_semantics.install()

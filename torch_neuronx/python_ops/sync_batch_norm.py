@@ -102,9 +102,10 @@ def backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, co
     return (grad_in * (1.0 if weight is None else weight),)
 
 
-def _kernel(compute, single: bool):
+def _kernel(name: str, compute, single: bool):
     def kernel(*args):
         results = _on_host(compute, args)
+        ops._track_op(name)  # tracked under its name, as TorchNeuron's kernels are
         return results[0] if single else results
     return kernel
 
@@ -140,7 +141,7 @@ def install() -> None:
         return
     library = torch.library.Library("aten", "IMPL")
     for name, (compute, single) in KERNELS.items():
-        kernel = _kernel(compute, single)
+        kernel = _kernel(name, compute, single)
         library.impl(name, kernel, "PrivateUse1")
         if "out" in getattr(torch.ops.aten, name).overloads():
             library.impl(f"{name}.out", _out_kernel(kernel, single), "PrivateUse1")
