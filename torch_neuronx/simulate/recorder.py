@@ -188,6 +188,7 @@ class RankRecorder(TorchDispatchMode):
         self._graph: GraphCall | None = None
         self._high = 0  # the live total's high-water mark inside the current graph call
         self._overlap_entries: dict = {}  # a graph's overlap entry (record.graph_overlaps) by step, graph, calls
+        self._overlap_by_events: dict = {}  # (id of a call's events, step) -> (the events, its entry)
         self._replaying = False  # rebuilding a replayed graph's outputs: memory, not compute
         self._backwards = overlap.Backwards(self.record, lambda: self._step,
                                             lambda: (lambda line, site: line or site)(*user_frames(self.script)))
@@ -248,13 +249,18 @@ class RankRecorder(TorchDispatchMode):
         """One more call of a graph whose collectives can run under its own compute, on this step."""
         if events is None:
             return
-        key = (self._step, name, tuple(collectives), repr(events))
-        entry = self._overlap_entries.get(key)
-        if entry is None:
-            entry = self._overlap_entries[key] = {"step": self._step, "graph": name, "collectives": collectives,
-                                                  "events": events, "calls": 0}
-            self.record.graph_overlaps.append(entry)
-        entry["calls"] += 1
+        # A replayed call passes its recording's own events: found by identity, without hashing its
+        # collectives' ranks (a rank's ints note each use: slow) or printing its events again.
+        same = self._overlap_by_events.get((id(events), self._step))
+        if same is None or same[0] is not events:
+            key = (self._step, name, tuple(collectives), repr(events))
+            entry = self._overlap_entries.get(key)
+            if entry is None:
+                entry = self._overlap_entries[key] = {"step": self._step, "graph": name, "collectives": collectives,
+                                                      "events": events, "calls": 0}
+                self.record.graph_overlaps.append(entry)
+            same = self._overlap_by_events[id(events), self._step] = (events, entry)
+        same[1]["calls"] += 1
 
     def replay_graph(self, recording: replay.GraphRecording, args):
         """A call of a compiled graph alike its recorded first call (replay.py): its collectives, work,
