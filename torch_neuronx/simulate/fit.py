@@ -5,9 +5,9 @@ and the model's out-of-sample error: each row predicted by constants fitted to t
 A row's prediction is its program's plan re-costed (as :func:`.costing.rank_spans` costs rank
 0's record: every rank of these programs does the same) with the constants being tried, nothing run
 again; the record is split once into parts that each scale with one constant (:class:`Terms`), so a
-try costs a millisecond, not a full costing's hundred (a test holds the two equal). The fit minimizes the sum of the squared log ratios (prediction / AWS's figure) over the
-rows, by Nelder and Mead's search (:mod:`.minimize`) over the constants' logarithms; a fraction
-cannot pass 1 (a penalty).
+try costs a millisecond, not a full costing's tens (a test holds the two equal). The fit minimizes
+the sum of the squared log ratios (prediction / AWS's figure) over the rows, by Nelder and Mead's
+search (:mod:`.minimize`) over the constants' logarithms; a fraction cannot pass 1 (a penalty).
 """
 from __future__ import annotations
 
