@@ -15,6 +15,7 @@ machine the wall times are noisy."""
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,7 @@ def run_simulator(args, out):
     sampled: (the measurements as a dict, the plan it wrote)."""
     cmd = [sys.executable, "-m", "torch_neuronx.simulate", "--quiet", "--out", out, *args]
     load_before = os.getloadavg()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start, peak = time.perf_counter(), 0
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None:
@@ -61,9 +63,13 @@ def run_simulator(args, out):
         time.sleep(0.2)
     stdout, stderr = proc.communicate()
     elapsed = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the simulator and its rank processes: what a loaded machine does not change
+    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     with open(os.path.join(out, "plan.json")) as f:
         plan = json.load(f)
-    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": elapsed, "peak_rss_bytes": peak,
+    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": elapsed, "cpu_seconds": cpu,
+            "peak_rss_bytes": peak,
             "load_average_1min": [load_before[0], os.getloadavg()[0]],
             "stdout": stdout[-2000:], "stderr": stderr[-2000:]}, plan
 

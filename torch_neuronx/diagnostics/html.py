@@ -68,7 +68,8 @@ def _verdict(report) -> str:
         counts += (f"<li><b>{len(report.neffs)}</b>NEFFs to compile</li>"
                    f"<li><b>{escape(seconds_range(report.first_run_seconds))}</b>first run on "
                    f"{escape(report.profile['chip'])}</li>"
-                   f"<li><b>{escape(seconds_range(report.steady_state_seconds))}</b>each run after</li>")
+                   f"<li><b>{escape(format_seconds(report.steady_state_seconds))}</b>each run after ("
+                   f"{escape(seconds_range(report.steady_state_interval_seconds))}: the model's held-out error)</li>")
     status = v["status"].replace(" ", "-")
     return (f"<section id=\"verdict\" class=\"st-{status}\"><p class=\"status\">{escape(v['status'])}</p>"
             f"<p class=\"line\">{escape(v['text'])}</p><ul>{counts}</ul></section>")
@@ -150,7 +151,7 @@ def _estimate(report) -> str:
     families = [[r.family, r.calls, count(r.flops), format_bytes(r.bytes),
                  estimate(r.estimated_ms, r.bound != "not estimated"), r.bound] for r in report.families]
     phases = [[p.name, format_seconds(p.wall_s), p.eager_calls, p.compiled_graph_calls, estimate(p.estimated_ms),
-               p.launches, seconds_range(tuple(ms / 1e3 for ms in p.steady_state_ms))] for p in report.phases]
+               p.launches, format_seconds(p.steady_state_ms / 1e3)] for p in report.phases]
     shown = report.signatures[:text.TOP_SIGNATURES * 4]
     return "".join([
         f"<section id=\"estimate\"><h2>ESTIMATED time on {escape(report.profile['chip'])} at LNC="

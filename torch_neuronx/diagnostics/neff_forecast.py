@@ -87,24 +87,15 @@ def forecast(signatures: dict[tuple, int], graphs: list[tuple[str, str, int]]) -
     return ordered + [Neff("compiled", name, [kind], calls, calls) for name, kind, calls in graphs]
 
 
-def launch_seconds(neffs: list[Neff]) -> tuple[float, float]:
-    """(low, high) seconds the launches of one run cost on top of the roofline time."""
-    eager = sum(n.launches for n in neffs if n.kind == "eager")
-    graphs = sum(n.launches for n in neffs if n.kind == "compiled")
-    return (eager * EAGER_LAUNCH_SECONDS[0] + graphs * GRAPH_LAUNCH_SECONDS[0],
-            eager * EAGER_LAUNCH_SECONDS[1] + graphs * GRAPH_LAUNCH_SECONDS[1])
+def launch_counts(neffs: list[Neff]) -> tuple[int, int]:
+    """(eager NEFF launches, compiled graph launches) of one run."""
+    return (sum(n.launches for n in neffs if n.kind == "eager"),
+            sum(n.launches for n in neffs if n.kind == "compiled"))
 
 
-def steady_state_seconds(roofline_s: float, neffs: list[Neff]) -> tuple[float, float]:
-    """A warm run (every NEFF compiled): the roofline time plus the launches."""
-    low, high = launch_seconds(neffs)
-    return roofline_s + low, roofline_s + high
-
-
-def first_run_seconds(roofline_s: float, neffs: list[Neff]) -> tuple[float, float]:
-    """A cold run: every NEFF compiled once, then the run."""
-    low, high = steady_state_seconds(roofline_s, neffs)
-    return len(neffs) * COMPILE_SECONDS[0] + low, len(neffs) * COMPILE_SECONDS[1] + high
+def first_run_seconds(steady_s: float, neffs: list[Neff]) -> tuple[float, float]:
+    """A cold run: every NEFF compiled once (a range of compile times), then a warm run of ``steady_s``."""
+    return len(neffs) * COMPILE_SECONDS[0] + steady_s, len(neffs) * COMPILE_SECONDS[1] + steady_s
 
 
 def assumptions() -> list[str]:
@@ -117,8 +108,8 @@ def assumptions() -> list[str]:
         "neuronx-cc on graphs of 8-323 nodes; AWS publishes no per-op figure. Large graphs can take minutes.",
         f"Launch cost: {EAGER_LAUNCH_SECONDS[0] * 1e6:g}-{EAGER_LAUNCH_SECONDS[1] * 1e6:g} µs per eager op launch "
         f"and {GRAPH_LAUNCH_SECONDS[0] * 1e6:g}-{GRAPH_LAUNCH_SECONDS[1] * 1e6:g} µs per compiled graph launch: no "
-        "published figure, a range (TorchNeuron's eager dispatch runs in Python; its Adaptive Eager Execution, "
-        "which fuses queued ops, is not modelled).",
+        "published figure, a range whose geometric middle the estimate takes (TorchNeuron's eager dispatch runs in "
+        "Python; its Adaptive Eager Execution, which fuses queued ops, is not modelled).",
         "First run = NEFF compiles + a warm run; a warm run = the op calls' time (the roofline, at the calibrated "
-        "peaks) + the launches.",
+        "peaks) + the launches, with the interval of the time model's out-of-sample error.",
     ]

@@ -18,9 +18,11 @@ from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.python_ops import op_classes
 from torch_neuronx.python_ops.op_classes import HOST_TRANSFER, NOT_ESTIMATED
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware
-from torch_neuronx.runtime.units import format_seconds, seconds_range
+from torch_neuronx.runtime.units import format_seconds, seconds_estimate, seconds_range
 
-SCHEMA_VERSION = 2  # 2: the NEFF forecast, first-run and steady-state ranges, launches per phase
+# 3: a warm run's one estimate with its interval (the time model's out-of-sample error);
+# 2: the NEFF forecast, first-run and steady-state ranges, launches per phase
+SCHEMA_VERSION = 3
 TIMELINE_POINTS = 400
 
 
@@ -53,7 +55,7 @@ class PhaseRow:
     compiled_graph_calls: int
     estimated_ms: float  # the roofline time
     launches: int  # NEFF launches (eager op launches and compiled graph calls)
-    steady_state_ms: tuple[float, float]  # (low, high): the roofline time plus the launches
+    steady_state_ms: float  # the roofline time plus the launches
     families: list[FamilyRow]
 
 
@@ -76,8 +78,9 @@ class Report:
     findings: list[dict]  # one row per source line and kind, worst first (see places.rows)
     sources: list[dict]  # the footnotes findings cite by id: name and url
     estimated_ms: float  # the roofline time of the run's calls
-    steady_state_seconds: tuple[float, float]  # a warm run on Trainium: roofline + launches (low, high)
-    first_run_seconds: tuple[float, float]  # a cold run: every NEFF compiled, then the run (low, high)
+    steady_state_seconds: float  # a warm run on Trainium: roofline + launches, the estimate
+    steady_state_interval_seconds: tuple[float, float]  # where the time model's held-out error puts it
+    first_run_seconds: tuple[float, float]  # a cold run: every NEFF compiled (a range), then a warm run
     phases: list[PhaseRow]
     families: list[FamilyRow]
     signatures: list[SignatureRow]
@@ -198,14 +201,16 @@ def verdict(report: Report) -> dict:
     if report.collected:
         estimate = (f"estimated on {profile['chip']} at LNC={profile['lnc']}: a first run of "
                     f"{seconds_range(report.first_run_seconds)} ({_plural(neffs, 'NEFF', 'NEFFs')} to compile), then "
-                    f"{seconds_range(report.steady_state_seconds)} per run ({_plural(_launches(report), 'launch', 'launches')}"
+                    f"{seconds_estimate(report.steady_state_seconds, report.steady_state_interval_seconds)} per run "
+                    f"({_plural(_launches(report), 'launch', 'launches')}"
                     f"; roofline {format_seconds(report.estimated_ms / 1e3)}); an estimate, not a measurement")
     else:
         status = "not checked"
         estimate = "calls were not observed, so there is no estimate and only memory was checked"
     return {"status": status, "places": counts, "estimated_ms": report.estimated_ms, "neffs": neffs,
             "first_run_seconds": list(report.first_run_seconds),
-            "steady_state_seconds": list(report.steady_state_seconds),
+            "steady_state_seconds": report.steady_state_seconds,
+            "steady_state_interval_seconds": list(report.steady_state_interval_seconds),
             "text": f"Verdict ({status}): {where}; {estimate}."}
 
 
@@ -288,7 +293,8 @@ def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
     executed = op_tracking.get_op_counts()
     timeline_device = f"{BACKEND_NAME}:{torch.neuron.current_device()}" if torch.neuron.is_initialized() else ""
     return Report(schema_version=SCHEMA_VERSION, verdict={}, process=_process(), profile=profile.as_dict(),
-                  collected=collected, findings=[], sources=[], estimated_ms=0.0, steady_state_seconds=(0.0, 0.0),
+                  collected=collected, findings=[], sources=[], estimated_ms=0.0, steady_state_seconds=0.0,
+                  steady_state_interval_seconds=(0.0, 0.0),
                   first_run_seconds=(0.0, 0.0), phases=[], families=[], signatures=[], compiled_graphs=[], neffs=[],
                   host_syncs=0,
                   executed_ops=executed,
@@ -325,7 +331,7 @@ def _phase_row(phase, signatures: dict, costs: dict, graph_costs: dict, graphs: 
     roofline_ms = sum(r.estimated_ms for r in rows)
     neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in calls_by_key.items()},
                                    [(g, graph_kind(graphs[g]), n) for g, n in graph_calls.items() if g in graphs])
-    steady_ms = tuple(s * 1e3 for s in neff_forecast.steady_state_seconds(roofline_ms / 1e3, neffs))
+    steady_ms = roofline_ms + time_model.launches_seconds(*neff_forecast.launch_counts(neffs)) * 1e3
     return PhaseRow(name, seconds, sum(calls_by_key.values()), sum(graph_calls.values()), roofline_ms,
                     sum(n.launches for n in neffs), steady_ms, rows), phase_costs
 
@@ -355,8 +361,10 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
                                    [(name, graph_kind(g), graph_calls_total.get(name, 0))
                                     for name, g in graphs.items()])
     report.neffs = [dataclasses.asdict(n) for n in neffs]
-    report.steady_state_seconds = neff_forecast.steady_state_seconds(report.estimated_ms / 1e3, neffs)
-    report.first_run_seconds = neff_forecast.first_run_seconds(report.estimated_ms / 1e3, neffs)
+    report.steady_state_seconds = report.estimated_ms / 1e3 + time_model.launches_seconds(
+        *neff_forecast.launch_counts(neffs))
+    report.steady_state_interval_seconds = time_model.CALIBRATION.interval(report.steady_state_seconds)
+    report.first_run_seconds = neff_forecast.first_run_seconds(report.steady_state_seconds, neffs)
     report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
         {"name": name, "ops": len(g.ops), "calls": graph_calls_total.get(name, 0),

@@ -8,7 +8,7 @@ import os
 from torch_neuronx.diagnostics import findings, places
 from torch_neuronx.python_ops.op_classes import NOT_ESTIMATED
 from torch_neuronx.runtime import format_bytes
-from torch_neuronx.runtime.units import format_seconds, seconds_range
+from torch_neuronx.runtime.units import format_seconds, seconds_estimate
 
 TOP_SIGNATURES = 12
 
@@ -85,7 +85,9 @@ def _families(rows, indent: str = "  ") -> list[str]:
 def _estimate(report) -> list[str]:
     lines = [f"ESTIMATED time on {report.profile['chip']} at LNC={report.profile['lnc']} (a roofline model with "
              f"calibrated peaks, python -m torch_neuronx.simulate's; not a measurement): "
-             f"{estimate(report.estimated_ms)}"]
+             f"{estimate(report.estimated_ms)}; a warm run with its launches "
+             f"{seconds_estimate(report.steady_state_seconds, report.steady_state_interval_seconds)} (the interval: "
+             "where AWS's published figures fell around the model, each held out)"]
     lines.extend(_families(report.families))
     lines.append("")
     lines.append(f"  {'phase':<32} {'wall time here':>14} {'eager calls':>11} {'graph calls':>11} {'roofline':>10} "
@@ -93,7 +95,7 @@ def _estimate(report) -> list[str]:
     for p in report.phases:
         lines.append(f"  {p.name[:32]:<32} {format_seconds(p.wall_s):>14} {p.eager_calls:>11} "
                      f"{p.compiled_graph_calls:>11} {estimate(p.estimated_ms):>10} {p.launches:>9}  "
-                     f"{seconds_range(tuple(ms / 1e3 for ms in p.steady_state_ms))}")
+                     f"{format_seconds(p.steady_state_ms / 1e3)}")
     lines.append("")
     shown = report.signatures[:TOP_SIGNATURES]
     lines.append(f"  Top signatures by estimated time ({len(shown)} of {len(report.signatures)}):")

@@ -1,17 +1,20 @@
 """Time on Trainium, one model for the readiness report (one device) and the plan (every rank).
 
-An op call costs max(FLOPs / (peak x compute fraction), HBM bytes / (HBM bandwidth x bandwidth
+An op call costs max(FLOPs / (peak x compute fraction), HBM bytes / (HBM bandwidth x HBM
 fraction)), plus its launch: an eager op's NEFF launch (mm: one per tile), or one launch per call
 of a compiled graph. A compiled graph is one fused NEFF: its ops move to and from HBM only the
 graph's inputs (read once per call) and its outputs (written once); the intermediates between its
 ops stay on chip, tiled through the core's SRAM by the compiler (:class:`FusedAccount`). A
-collective costs its ring steps times the per-step latency of the slowest link its group
-crosses plus its bytes over that link's bandwidth (x the bandwidth fraction). A step's time is a
-range: collectives fully overlapped with compute (low) or not at all (high).
+collective costs a fixed cost per call, its ring steps times the per-step latency of the slowest
+link its group crosses, and its bytes over that link's bandwidth times the link's fraction. A
+step's time is one estimate: its compute, launches and collectives, less what is known to run
+under the compute (a backward's gradient buckets); the collectives fully hidden and not hidden at
+all are its bounds, and the out-of-sample error of the model on AWS's published rows its interval.
 
 The peaks and bandwidths are AWS's published figures (:mod:`torch_neuronx.runtime.hardware`).
-The fractions, the per-step latencies and the launch costs are not published: they are fitted to
-AWS's published end-to-end measurements (:data:`CALIBRATION`; the fit is in docs/step-time.md).
+The fractions, the collective's fixed cost and the NeuronLink step latency are not published:
+they are fitted to AWS's published end-to-end rows (:data:`CALIBRATION`; the rows, the fit and
+each row's held-out error are in docs/step-time.md).
 """
 from __future__ import annotations
 
@@ -31,35 +34,64 @@ NEURONLINK, EFA = "NeuronLink", "EFA"
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """The constants AWS does not publish, fitted to its published measurements."""
+    """The constants AWS does not publish: fitted to its published rows, or assumed (and said so)."""
 
     compute_fraction: float  # of the TensorEngine's peak that matmuls, convolutions and attention reach
-    bandwidth_fraction: float  # of the published HBM and link bandwidths that transfers reach
+    hbm_fraction: float  # of the published HBM bandwidth that memory-bound work reaches (decode's weights)
+    link_fraction: dict  # of a link's published bandwidth that a collective's bytes reach: by chip (its
+    # NeuronLink generation), and EFA
+    collective_s: float  # each collective call, whatever its size or group: its launch and synchronization
     step_latency_s: dict  # per ring step of a collective, by link kind (NEURONLINK, EFA)
-    eager_launch_s: tuple[float, float]  # one eager NEFF launch: (low, high)
-    graph_launch_s: tuple[float, float]  # one compiled graph (NEFF) launch: (low, high)
-    fitted_to: tuple[str, ...]  # the measurements the constants reproduce
+    eager_launch_s: float  # one eager NEFF launch
+    graph_launch_s: float  # one compiled graph (NEFF) launch
+    held_out: tuple[float, float]  # the fastest and slowest held-out prediction / AWS's figure over the rows
+    fitted_to: tuple[str, ...]  # the rows the constants are fitted to
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def link(self, link: str, chip: str) -> float:
+        """The fraction of ``link``'s bandwidth (a plan's link name) collectives reach on ``chip``'s instances."""
+        if link == EFA:
+            return self.link_fraction[EFA]
+        return self.link_fraction.get(chip, self.link_fraction[DEFAULT_LINK_CHIP])
 
-# Fitted (docs/step-time.md, benchmarks/bench_step_time.py --fit, on full-size plans): the three
-# constants minimizing the largest ratio between the no-overlap end of the plan and AWS's figures below. EFA's step latency is
-# not fitted (AWS's training figure barely depends on it): a typical RDMA round trip, assumed.
+    def interval(self, seconds: float) -> tuple[float, float]:
+        """Where AWS's figure fell around a prediction of ``seconds``, held out (the rows' error)."""
+        return seconds / self.held_out[1], seconds / self.held_out[0]
+
+
+def _geometric_mean(pair: tuple[float, float]) -> float:
+    return math.sqrt(pair[0] * pair[1])
+
+
+DEFAULT_LINK_CHIP = "Trainium2"  # a chip without rows of its own (Trainium3) takes Trainium2's NeuronLink fraction
+# Fitted (benchmarks/bench_step_time.py, on full-size plans; torch_neuronx/simulate/fit.py) to the rows
+# of torch_neuronx/simulate/calibration.py, each through a program of its shape, and rounded to two
+# digits; held out one at a time, the rows fell within held_out of the predictions (docs/step-time.md).
+# EFA's fraction and step latency are assumed: the training rows' EFA transfers are 0.1% (8B) and 4% (7B)
+# of their step at these values, too little for the rows to fix them.
 CALIBRATION = Calibration(
-    compute_fraction=0.60,
-    bandwidth_fraction=0.50,
-    step_latency_s={NEURONLINK: 0.55e-6, EFA: 15e-6},
-    eager_launch_s=neff_forecast.EAGER_LAUNCH_SECONDS,
-    graph_launch_s=neff_forecast.GRAPH_LAUNCH_SECONDS,
+    compute_fraction=0.62,
+    hbm_fraction=1.0,
+    link_fraction={"Trainium": 0.18, "Trainium2": 0.60, EFA: 0.5},
+    collective_s=85e-6,
+    step_latency_s={NEURONLINK: 17e-9, EFA: 15e-6},
+    eager_launch_s=_geometric_mean(neff_forecast.EAGER_LAUNCH_SECONDS),
+    graph_launch_s=_geometric_mean(neff_forecast.GRAPH_LAUNCH_SECONDS),
+    held_out=(0.75, 1.39),  # 0.753-1.380, rounded outward
     fitted_to=(
-        "Llama-3.3-70B, NxD Inference, trn2.48xlarge TP=64 LNC=2, batch 1, input 10,000 / output 1,500, BF16: "
-        "TTFT P50 814.2 ms, TPOT P50 19.6 ms (aws-neuron-sdk libraries/nxd-inference/tutorials/"
-        "llama70b_perf_comparison.csv)",
-        "Llama-3.1-8B pre-training, 32 x trn1.32xlarge TP=32 DP=32, seq 8192, global batch 1024, BF16 autocast, "
-        "FP32 optimizer, ZeRO-1: 47.95 sequences/s (aws-neuron-sdk about-neuron/benchmarks/trn1/"
-        "training_data_decoder.csv)",
+        "Llama-3.3-70B-Instruct TPOT 19.6 ms, 1 x trn2.48xlarge, TP=64",
+        "Llama-3.3-70B-Instruct TTFT 814.2 ms, 1 x trn2.48xlarge, TP=64",
+        "Llama-3.1-405B-Instruct TPOT 37.9 ms, 1 x trn2.48xlarge, TP=64",
+        "Llama-3.1-405B-Instruct TTFT 2442 ms, 1 x trn2.48xlarge, TP=64",
+        "Llama-3-70B TPOT 24.48 ms, 1 x trn1.32xlarge, TP=32",
+        "Llama-3-70B TPOT, batch 4 28.38 ms, 1 x trn1.32xlarge, TP=32",
+        "Llama-3-70B TTFT 547 ms, 1 x trn1.32xlarge, TP=32",
+        "Llama-2-7b TPOT 6.69956 ms, 1 x trn1.32xlarge, TP=32",
+        "Llama-2-7b TPOT, batch 8 10.0951 ms, 1 x trn1.32xlarge, TP=32",
+        "Llama-3.1-8B pre-training 47.95 sequences/s, 32 x trn1.32xlarge, TP=32 DP=32 PP=1, ZeRO-1",
+        "Llama2-7B pre-training 95.14 sequences/s, 16 x trn1.32xlarge, TP=8 DP=64, ZeRO-1",
     ),
 )
 
@@ -91,7 +123,7 @@ def work_seconds(profile: TrainiumProfile, prec: str, flops: int, nbytes: int,
                  cal: Calibration = CALIBRATION) -> float:
     """The time of one call's work: compute or memory, whichever is longer."""
     compute = flops / (profile.peak_flops(_PRECISION_DTYPE[prec]) * cal.compute_fraction) if flops else 0.0
-    return max(compute, nbytes / (profile.hbm_bytes_per_s * cal.bandwidth_fraction))
+    return max(compute, nbytes / (profile.hbm_bytes_per_s * cal.hbm_fraction))
 
 
 # A gather reads of its table only the rows it returns; a scatter into a tensor writes only its source.
@@ -121,7 +153,7 @@ def cost(profile: TrainiumProfile, prec: str, flops: int, nbytes: int,
          cal: Calibration = CALIBRATION) -> cost_model.OpCost:
     """One call's work as the report shows it: FLOPs, bytes, seconds and what bounds it."""
     seconds = work_seconds(profile, prec, flops, nbytes, cal)
-    memory = nbytes / (profile.hbm_bytes_per_s * cal.bandwidth_fraction)
+    memory = nbytes / (profile.hbm_bytes_per_s * cal.hbm_fraction)
     return cost_model.OpCost(flops, nbytes, seconds, "compute" if seconds > memory else "memory")
 
 
@@ -199,18 +231,20 @@ def link_kind(link: str) -> str:
     return EFA if link == EFA else NEURONLINK
 
 
-def collective_seconds(op: str, nbytes: int, n: int, bandwidth: float, link: str,
+def collective_seconds(op: str, nbytes: int, n: int, bandwidth: float, link: str, chip: str,
                        cal: Calibration = CALIBRATION) -> tuple[float, float]:
     """(latency, transfer) seconds of one collective over ``n`` ranks on ``link`` at ``bandwidth``
-    bytes/s per rank."""
+    bytes/s per rank, on ``chip``'s instances: latency is its fixed cost plus its ring steps', the part
+    its size does not change."""
     if n <= 1 or bandwidth <= 0:
         return 0.0, 0.0
     steps = math.ceil(math.log2(n)) if op in _TREE else _STEPS.get(op, lambda n: n - 1)(n)
     factor = _FACTOR.get(op, lambda n: (n - 1) / n)(n)
-    return steps * cal.step_latency_s[link_kind(link)], factor * nbytes / (bandwidth * cal.bandwidth_fraction)
+    latency = cal.collective_s + steps * cal.step_latency_s[link_kind(link)]
+    return latency, factor * nbytes / (bandwidth * cal.link(link, chip))
 
 
-# ---- a stretch of work: its range --------------------------------------------------------------
+# ---- a stretch of work: its time ---------------------------------------------------------------
 @dataclasses.dataclass
 class Span:
     """What a stretch of a run costs: compute, launches and collectives, each in seconds."""
@@ -218,8 +252,9 @@ class Span:
     compute_s: float = 0.0
     eager_launches: int = 0
     graph_launches: int = 0
-    comm_latency_s: float = 0.0
+    comm_latency_s: float = 0.0  # the collectives' fixed costs and ring steps
     comm_transfer_s: float = 0.0
+    comm_calls: int = 0
     hidden_s: float = 0.0  # of the collectives' time, what runs under the backward's compute (DDP's buckets)
 
     def add(self, other: Span) -> None:
@@ -230,16 +265,19 @@ class Span:
     def comm_s(self) -> float:
         return self.comm_latency_s + self.comm_transfer_s
 
-    def launch_s(self, cal: Calibration = CALIBRATION) -> tuple[float, float]:
-        return tuple(self.eager_launches * e + self.graph_launches * g
-                     for e, g in zip(cal.eager_launch_s, cal.graph_launch_s))
+    def launch_s(self, cal: Calibration = CALIBRATION) -> float:
+        return self.eager_launches * cal.eager_launch_s + self.graph_launches * cal.graph_launch_s
 
-    def seconds(self, cal: Calibration = CALIBRATION) -> tuple[float, float]:
-        """(low, high): collectives hidden under compute, or after it (but for what is known to run
-        under the backward: ``hidden_s``)."""
-        low_launch, high_launch = self.launch_s(cal)
-        return (max(self.compute_s + low_launch, self.comm_s),
-                self.compute_s + high_launch + self.comm_s - self.hidden_s)
+    def seconds(self, cal: Calibration = CALIBRATION) -> float:
+        """The estimate: compute, launches and collectives one after another, but for what is known
+        to run under the backward's compute (``hidden_s``): a collective whose result the next op
+        needs (tensor parallelism's) cannot overlap it."""
+        return self.compute_s + self.launch_s(cal) + self.comm_s - self.hidden_s
+
+    def bounds(self, cal: Calibration = CALIBRATION) -> tuple[float, float]:
+        """(every collective hidden under the compute, none hidden): what overlap could move it."""
+        busy = self.compute_s + self.launch_s(cal)
+        return max(busy, self.comm_s), busy + self.comm_s
 
 
 def overlapped_seconds(launches) -> float:
@@ -254,28 +292,86 @@ def overlapped_seconds(launches) -> float:
     return total - max(0.0, end) if total else 0.0
 
 
+def _fill(gaps: list, compute: float, until: float) -> float:
+    """Run the waiting work of ``gaps`` ([available from, seconds left]) on the compute engine from
+    ``compute`` until ``until``; returns when the engine stops."""
+    for item in gaps:
+        start = max(compute, item[0])
+        if start >= until:
+            break
+        run = min(item[1], until - start)
+        item[1] -= run
+        compute = start + run
+    gaps[:] = [item for item in gaps if item[1] > 0]
+    return compute
+
+
+def scheduled_hidden(events, work_seconds_of, collective_seconds_of) -> float:
+    """Of one compiled graph call's collectives, the seconds they run under its compute. ``events``
+    in call order: ("collective", i), or ("work", work, the collectives whose result it reads, whether
+    it feeds no later collective). The links run the collectives one at a time, each from its launch;
+    the compute engine runs the work that feeds a collective in order, waiting for the results it
+    reads, and the rest whenever it would wait; the call ends when both are done."""
+    compute = link = busy = comm = 0.0
+    done, gaps = {}, []
+    for event in events:
+        if event[0] == "collective":
+            seconds = collective_seconds_of(event[1])
+            link = done[event[1]] = max(compute, link) + seconds
+            comm += seconds
+            continue
+        seconds = work_seconds_of(event[1])
+        ready = max([compute, *(done[i] for i in event[2])])
+        busy += seconds
+        if event[3]:  # fills a gap: from when its inputs are ready
+            gaps.append([ready, seconds])
+        else:
+            compute = _fill(gaps, compute, ready)
+            compute = max(compute, ready) + seconds
+    compute = _fill(gaps, compute, math.inf)
+    return busy + comm - max(compute, link)
+
+
 def work_span(profile: TrainiumProfile, work: Counter, cal: Calibration = CALIBRATION) -> float:
     """Compute seconds of ``work``: {(precision, flops, bytes): calls}."""
     return sum(calls * work_seconds(profile, prec, f, b, cal) for (prec, f, b), calls in work.items())
 
 
+def launches_seconds(eager: int, graphs: int, cal: Calibration = CALIBRATION) -> float:
+    """The launches of ``eager`` eager NEFFs and ``graphs`` compiled graph calls."""
+    return eager * cal.eager_launch_s + graphs * cal.graph_launch_s
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction:.0%}"
+
+
 def assumptions(cal: Calibration = CALIBRATION) -> list[str]:
-    lat = cal.step_latency_s
+    lat, links = cal.step_latency_s, cal.link_fraction
+    nl = ", ".join(f"{_percent(v)} on {chip}'s NeuronLink" for chip, v in links.items() if chip != EFA)
     return [
-        f"Calibrated, not published: matmuls, convolutions and attention reach {cal.compute_fraction:.0%} of the "
-        f"TensorEngine's peak; HBM and link transfers {cal.bandwidth_fraction:.0%} of their published bandwidth; "
-        f"a collective's ring step costs {lat[NEURONLINK] * 1e6:g} µs over NeuronLink (and between the cores of a "
-        f"chip) and {lat[EFA] * 1e6:g} µs over EFA. Fitted to: " + "; ".join(cal.fitted_to) + ". Those figures are "
-        "AWS's own optimized stacks (NxD Inference, NxD Training), compiled whole; an unchanged PyTorch program "
-        "is costed by what it runs (eager ops each launched, compiled graphs fused).",
+        f"Not published, fitted to AWS's published rows: matmuls, convolutions and attention reach "
+        f"{_percent(cal.compute_fraction)} of the TensorEngine's peak; memory-bound work (decode's weights and KV "
+        f"cache) {_percent(cal.hbm_fraction)} of the HBM bandwidth; a collective's bytes {nl} ("
+        f"{DEFAULT_LINK_CHIP}'s for a chip without rows) and {_percent(links[EFA])} over EFA (assumed); each "
+        f"collective call costs {cal.collective_s * 1e6:.3g} µs whatever its size, plus {lat[NEURONLINK] * 1e9:.3g} ns "
+        f"per ring step over NeuronLink and {lat[EFA] * 1e6:g} µs over EFA (assumed). Held out one at a time, AWS's "
+        f"rows fell within {cal.held_out[0]:.2f}x to {cal.held_out[1]:.2f}x of the prediction: the estimate's "
+        "interval. Rows: " + "; ".join(cal.fitted_to) + ". Those are AWS's own optimized stacks (NxD Inference, "
+        "Transformers NeuronX, NxD Training); an unchanged PyTorch program is costed by what it runs (eager ops each "
+        "launched, compiled graphs fused).",
+        f"Launches (no published figure): {cal.eager_launch_s * 1e6:.3g} µs per eager NEFF launch and "
+        f"{cal.graph_launch_s * 1e6:.3g} µs per compiled graph launch, the geometric middle of the ranges "
+        f"{neff_forecast.EAGER_LAUNCH_SECONDS[0] * 1e6:g}-{neff_forecast.EAGER_LAUNCH_SECONDS[1] * 1e6:g} µs and "
+        f"{neff_forecast.GRAPH_LAUNCH_SECONDS[0] * 1e6:g}-{neff_forecast.GRAPH_LAUNCH_SECONDS[1] * 1e6:g} µs.",
         "A compiled graph is one fused NEFF: only its inputs (read once; a gather reads the rows it returns) and its "
         "outputs cross HBM; its intermediates stay on chip, tiled through SRAM by the compiler.",
         "Collectives: ring algorithms (all_reduce 2(n-1) steps moving 2(n-1)/n of the buffer, all_gather, "
         "reduce_scatter and all_to_all n-1 steps moving (n-1)/n; broadcast, reduce, barrier log2(n) steps) over "
         "the slowest link the group crosses, its bandwidth shared by the group's ranks on it.",
-        "A step's range: collectives fully overlapped with compute (low) or not at all (high); a collective whose "
-        "result the next op needs (tensor parallelism) cannot overlap, so the high end is the likely one there. "
-        "Collectives a backward launches without waiting (DDP's gradient buckets, from their gradient hooks) run "
-        "one after another, each from its launch, under the backward compute that follows it; only what runs past "
-        "the backward's end counts in the high end too.",
+        "A step's estimate runs compute, launches and collectives one after another: a collective whose result the "
+        "next op needs (tensor parallelism's) cannot overlap. Collectives a backward launches without waiting (DDP's "
+        "gradient buckets, from their gradient hooks) run one after another, each from its launch, under the "
+        "backward compute that follows it; only what runs past the backward's end counts. Its bounds (details): "
+        "every collective hidden under the compute, and none.",
     ]

@@ -36,6 +36,11 @@ def seconds_range(seconds) -> str:
     return f"{format_seconds(seconds[0])}–{format_seconds(seconds[1])}"
 
 
+def seconds_estimate(seconds: float, interval) -> str:
+    """'19.6 ms (15.1–25.3 ms)': an estimate and its interval."""
+    return f"{format_seconds(seconds)} ({seconds_range(interval)})"
+
+
 def id_ranges(ids) -> str:
     """[0, 1, 2, 3, 6] -> '0-3,6'; [] -> '-'."""
     parts: list[str] = []

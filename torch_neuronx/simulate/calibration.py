@@ -1,89 +1,170 @@
-"""AWS's published end-to-end figures, what a plan predicts for each, and the fit of the time model's
-unpublished constants to them (:data:`torch_neuronx.diagnostics.time_model.CALIBRATION`).
+"""AWS's published end-to-end figures (:data:`ROWS`), each with the conditions it was measured in,
+and the program run (:data:`RUNS`) whose plan predicts it: what the time model's unpublished
+constants (:data:`torch_neuronx.diagnostics.time_model.CALIBRATION`) are fitted to and validated on
+(leave one out: :mod:`.fit`).
 
-Each figure is read off the plan of a program of its shape (``tests/programs/simulate/``:
-``llama_decode_tp.py`` and ``llama_train_tp_dp.py --sequence-parallel``) at the no-overlap end of
-the step's range. The benchmark runs them at full size; the suite at one and two layers (and one
-and two microbatches), extrapolated linearly: every layer and microbatch costs the same.
+Every row is copied as published from aws-neuron/aws-neuron-sdk (the source of
+awsdocs-neuron.readthedocs-hosted.com), or the vLLM Neuron plugin's docs for one; ``source`` names
+the file (and the commit, where the row has left the current page). A row is read off its run's
+plan: a TPOT off the "decode" step, a TTFT off the "prefill" step (the whole prefill), a training
+throughput off the "train" step (the global batch over its seconds). The programs are in
+``tests/programs/simulate/``: one Llama decoder for every inference row (``llama_decode_tp.py``,
+sharded as NxD Inference and Transformers NeuronX shard it) and one Megatron-style training step
+(``llama_train_tp_dp.py``). Benchmarks run them at full size; the suite runs them at one and two
+layers (and microbatches) and extrapolates the records (:func:`extrapolate`).
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 
-from torch_neuronx.diagnostics import time_model
+LLAMA_70B = [  # Llama-3-70B, 3.1-70B and 3.3-70B share this shape
+   "--layers", "80", "--hidden", "8192", "--ffn", "28672", "--heads", "64", "--kv-heads", "8",
+                "--vocab", "128256"]
+LLAMA_31_405B = ["--layers", "126", "--hidden", "16384", "--ffn", "53248", "--heads", "128", "--kv-heads", "8",
+                 "--vocab", "128256"]
+LLAMA_2_7B = ["--layers", "32", "--hidden", "4096", "--ffn", "11008", "--heads", "32", "--kv-heads", "32",
+              "--vocab", "32000"]
+TRN2_TP64 = ["--nproc-per-node", "64", "--instance", "trn2.48xlarge"]
+TRN1_TP32 = ["--nproc-per-node", "32", "--instance", "trn1.32xlarge", "--lnc", "1"]
+NXDI = "NxD Inference served by vLLM; LLMPerf with Neuron's patch (TPOT excludes the first token), 50 requests"
+TNX = "Transformers NeuronX, SDK 2.18 (in-process sampling; FP16 model, BF16 matmuls, weights stored BF16)"
+NXDT = "NxD Training (Megatron TP with sequence parallelism, selective activation checkpointing, ZeRO-1)"
+SDK = "aws-neuron-sdk "
 
 
 @dataclasses.dataclass(frozen=True)
-class Figure:
-    name: str
+class Run:
+    """A program and its simulator command line, at full size: (simulator flags, program, its flags)."""
+
+    simulator: tuple
+    program: str
+    flags: tuple
+    kind: str  # "decode" (its prefill and decode steps) or "train"
+    layers: int  # full depth, for the suite's extrapolation from 1 and 2 layers
+    microbatches: int = 1  # per DP rank and optimizer step, for the training runs' extrapolation
+    dp: int = 1  # data-parallel ranks of a training run (its global batch is dp x microbatches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One published figure and everything it was measured under."""
+
+    name: str  # model and metric, as published
     value: float
-    unit: str  # "s" per token or step, or "sequences/s"
-    step: str  # the marked step it is read from
-    stack: str  # what AWS measured
+    unit: str  # "s" (per token or per prefill) or "sequences/s"
+    step: str  # the plan's marked step it is read from
+    run: str  # the key of its program run (RUNS)
+    instance: str  # instances x count, LNC
+    parallelism: str
+    batch: str
+    lengths: str  # input / output tokens, the buckets the stack compiled, or the sequence
+    dtype: str
+    stack: str
+    measured: str  # how the figure was taken: statistic, client or in-process
     source: str
 
 
-FIGURES = {
-    "tpot": Figure("Llama-3.3-70B TPOT P50, trn2.48xlarge TP=64 LNC=2, batch 1, 10,000 in / 1,500 out, BF16",
-                   19.6e-3, "s", "decode", "NxD Inference (compiled whole, NKI kernels)",
-                   "aws-neuron-sdk libraries/nxd-inference/tutorials/llama70b_perf_comparison.csv"),
-    "ttft": Figure("Llama-3.3-70B TTFT P50, same run", 814.2e-3, "s", "prefill", "NxD Inference",
-                   "aws-neuron-sdk libraries/nxd-inference/tutorials/llama70b_perf_comparison.csv"),
-    "train": Figure("Llama-3.1-8B pre-training, 32 x trn1.32xlarge TP=32 DP=32, seq 8192, global batch 1024, "
-                    "BF16, FP32 optimizer, ZeRO-1", 47.95, "sequences/s", "train",
-                    "NxD Training (sequence parallel, selective activation checkpointing)",
-                    "aws-neuron-sdk about-neuron/benchmarks/trn1/training_data_decoder.csv"),
-}
-# The simulator's command line for each program at full size (the program's own flags after it).
+def _decode(model: list, simulator: list, *flags: str) -> Run:
+    return Run(tuple(simulator), "llama_decode_tp.py", (*model, *flags, "--new-tokens", "4"), "decode",
+               int(model[model.index("--layers") + 1]))
+
+
 RUNS = {
-    "decode": (["--nproc-per-node", "64", "--instance", "trn2.48xlarge"], "llama_decode_tp.py",
-               ["--max-length", "11500"]),  # the cache of AWS's 10,000 + 1,500 tokens
-    "train": (["--nproc-per-node", "32", "--nnodes", "32", "--instance", "trn1.32xlarge", "--lnc", "1"],
-              "llama_train_tp_dp.py", ["--sequence-parallel"]),
+    "70b-trn2": _decode(LLAMA_70B, TRN2_TP64, "--prompt", "12288", "--max-length", "12800"),
+    "405b-trn2": _decode(LLAMA_31_405B, TRN2_TP64, "--prompt", "10240", "--max-length", "12800"),
+    "70b-trn1": _decode(LLAMA_70B, TRN1_TP32, "--prompt", "128", "--max-length", "1152", "--dtype", "float16"),
+    "70b-trn1-b4": _decode(LLAMA_70B, TRN1_TP32, "--batch", "4", "--prompt", "128", "--max-length", "1152",
+                           "--dtype", "float16"),
+    "70b-trn1-2048": _decode(LLAMA_70B, TRN1_TP32, "--prompt", "2048", "--max-length", "4096", "--dtype",
+                             "float16"),
+    "7b-trn1": _decode(LLAMA_2_7B, TRN1_TP32, "--prompt", "128", "--max-length", "8192", "--dtype", "float16"),
+    "7b-trn1-b8": _decode(LLAMA_2_7B, TRN1_TP32, "--batch", "8", "--prompt", "128", "--max-length", "8192",
+                          "--dtype", "float16"),
+    "8b-train": Run(("--nproc-per-node", "32", "--nnodes", "32", "--instance", "trn1.32xlarge", "--lnc", "1"),
+                    "llama_train_tp_dp.py", ("--sequence-parallel",), "train", 32, 32, dp=32),
+    "7b-train": Run(("--nproc-per-node", "32", "--nnodes", "16", "--instance", "trn1.32xlarge", "--lnc", "1"),
+                    "llama_train_tp_dp.py", (*LLAMA_2_7B, "--seq", "4096", "--tp", "8", "--sequence-parallel"),
+                    "train", 32, 16, dp=64),
 }
-FIGURES_OF = {"decode": ("tpot", "ttft"), "train": ("train",)}
-GLOBAL_BATCH = 1024  # the training figure's sequences per step
+
+NXDI_70B = SDK + "libraries/nxd-inference/tutorials/llama70b_perf_comparison.csv (no speculative decoding); " \
+    "conditions: trn2-llama3.3-70b-tutorial.rst"
+NXDI_405B = SDK + "libraries/nxd-inference/tutorials/llama405b_perf_comparison.csv; conditions and the LLMPerf " \
+    "output: trn2-llama3.1-405b-speculative-tutorial.rst, scenario 1 (commit ba1c08b0)"
+TNX_LATENCY = SDK + "about-neuron/benchmarks/trn1/latency_data_decoder.csv (run mode Real Time)"
+TNX_BATCH = SDK + "about-neuron/benchmarks/trn1/throughput_data_decoder.csv (run mode Batch)"
+TRN2_ONE = "1 x trn2.48xlarge, LNC=2 (64 logical cores)"
+TRN1_ONE = "1 x trn1.32xlarge (32 NeuronCore-v2)"
+NXDI_KERNELS = NXDI + "; fused QKV, NKI QKV, attention and MLP kernels, on-device sampling"
+P50_SERVED = "P50 over 50 requests at concurrency 1, client side (streaming through vLLM's OpenAI server)"
+P50_TNX = "P50 (how many runs and what warm-up: not published)"
+TRAIN_THROUGHPUT = "sequences/s at the global batch, strong scaling (NxD's moving average over 10 steps)"
 
 
-def step_seconds(figure: Figure, steps: dict, end: int = 1) -> float:
-    """The seconds of one step ``figure`` is read from (plan["time"]["steps"]); ``end`` 1 is the
-    no-overlap end of the range, 0 the full-overlap end."""
-    return steps[figure.step]["seconds"][end]
+def _nxdi(name, value, step, run, source, lengths):
+    return Row(name, value, "s", step, run, TRN2_ONE, "TP=64 (context encoding sequence parallel)",
+               "1 (max-num-seqs 1)", lengths, "BF16", NXDI_KERNELS, P50_SERVED, source)
 
 
-def value(figure: Figure, seconds: float) -> float:
-    """The figure's quantity from its step's seconds: a decode step is one token, a training step
-    the benchmark's global batch of sequences."""
-    return GLOBAL_BATCH / seconds if figure.unit == "sequences/s" else seconds
+def _tnx(name, value, step, run, source, batch, lengths):
+    return Row(name, value, "s", step, run, TRN1_ONE, "TP=32 (KV heads replicated to the TP degree)", batch,
+               lengths, "FP16 model, BF16 matmuls, BF16 weights", TNX, P50_TNX, source)
 
 
-def ratio(figure: Figure, value: float) -> float:
-    """How much slower the prediction is than the figure (above 1: slower, below: faster)."""
-    return figure.value / value if figure.unit == "sequences/s" else value / figure.value
+NXDI_70B_LENGTHS = ("10,000 in (context-encoding bucket 12,288) / 1,500 out (1,501 generated; token-generation "
+                    "bucket 12,800)")
+NXDI_405B_LENGTHS = ("10,000 in (context-encoding bucket 10,240) / 1,500 asked, 1,785 generated (P50; "
+                     "token-generation bucket 12,800)")
+ROWS = {
+    "70b-trn2-tpot": _nxdi("Llama-3.3-70B-Instruct TPOT", 19.6e-3, "decode", "70b-trn2", NXDI_70B, NXDI_70B_LENGTHS),
+    "70b-trn2-ttft": _nxdi("Llama-3.3-70B-Instruct TTFT", 814.2e-3, "prefill", "70b-trn2", NXDI_70B,
+                           NXDI_70B_LENGTHS),
+    "405b-trn2-tpot": _nxdi("Llama-3.1-405B-Instruct TPOT", 37.9e-3, "decode", "405b-trn2", NXDI_405B,
+                            NXDI_405B_LENGTHS),
+    "405b-trn2-ttft": _nxdi("Llama-3.1-405B-Instruct TTFT", 2442e-3, "prefill", "405b-trn2", NXDI_405B,
+                            NXDI_405B_LENGTHS),
+    "70b-trn1-tpot": _tnx("Llama-3-70B TPOT", 24.48e-3, "decode", "70b-trn1", TNX_LATENCY, "1",
+                          "128 in / 1,024 out (sequence 1,152)"),
+    "70b-trn1-b4-tpot": _tnx("Llama-3-70B TPOT, batch 4", 28.38e-3, "decode", "70b-trn1-b4", TNX_BATCH, "4",
+                             "128 in / 1,024 out (sequence 1,152)"),
+    "70b-trn1-ttft": _tnx("Llama-3-70B TTFT", 547e-3, "prefill", "70b-trn1-2048", TNX_LATENCY, "1",
+                          "2,048 in / 2,048 out (sequence 4,096)"),
+    "7b-trn1-tpot": _tnx("Llama-2-7b TPOT", 6.69956207e-3, "decode", "7b-trn1", TNX_LATENCY, "1",
+                         "128 in / 8,064 out (sequence 8,192)"),
+    "7b-trn1-b8-tpot": _tnx("Llama-2-7b TPOT, batch 8", 10.09511948e-3, "decode", "7b-trn1-b8", TNX_BATCH, "8",
+                            "128 in / 8,064 out (sequence 8,192)"),
+    "8b-train": Row("Llama-3.1-8B pre-training", 47.95, "sequences/s", "train", "8b-train",
+                    "32 x trn1.32xlarge (1,024 NeuronCore-v2)", "TP=32 DP=32 PP=1, ZeRO-1",
+                    "global 1,024 (microbatch 1: 32 per DP rank)", "sequence 8,192",
+                    "BF16 autocast, FP32 optimizer (AdamW)", NXDT + ", SDK 2.24.0", TRAIN_THROUGHPUT,
+                    SDK + "about-neuron/benchmarks/trn1/training_data_decoder.csv"),
+    "7b-train": Row("Llama2-7B pre-training", 95.14, "sequences/s", "train", "7b-train",
+                    "16 x trn1.32xlarge (512 NeuronCore-v2)", "TP=8 DP=64, ZeRO-1",
+                    "global 1,024 (microbatch 1: 16 per DP rank)", "sequence 4,096",
+                    "BF16 autocast, FP32 optimizer (AdamW)", NXDT + ", SDK 2.21.0", TRAIN_THROUGHPUT,
+                    SDK + "general/benchmarks/trn1/training_data_decoder.csv (commit 752349fd; off the page since "
+                    "2025-04-03)"),
+}
+GLOBAL_BATCH = 1024  # the training rows' sequences per step
 
 
-def extrapolate(values: dict, layers: int, microbatches: int = 1) -> float:
-    """A value at (``layers``, ``microbatches``) from its values at (1 or 2 layers) x (1 or 2
-    microbatches), {(l, m): v}, bilinear: a fixed part, a part per layer, per microbatch and per both."""
-    if (1, 2) not in values:
-        return values[1, 1] + (layers - 1) * (values[2, 1] - values[1, 1])
-    a, b, c, d = values[1, 1], values[2, 1], values[1, 2], values[2, 2]
-    per_both = d - b - c + a
-    return a + (layers - 1) * (b - a) + (microbatches - 1) * (c - a) + (layers - 1) * (microbatches - 1) * per_both
+def label(row: Row) -> str:
+    """A row in one line, as time_model.CALIBRATION.fitted_to names it."""
+    value = f"{row.value * 1e3:g} ms" if row.unit == "s" else f"{row.value:g} sequences/s"
+    return f"{row.name} {value}, {row.instance.split(' (')[0].split(',')[0]}, {row.parallelism.split(' (')[0]}"
 
 
-def fit(predict, grid=None) -> tuple[time_model.Calibration, dict]:
-    """The calibration on ``grid`` (compute fractions, bandwidth fractions, NeuronLink step latencies)
-    minimizing the largest |log ratio| over the figures; ``predict(cal)`` -> {figure key: value}."""
-    grid = grid or ([0.4, 0.45, 0.5, 0.55, 0.6], [0.35, 0.4, 0.45, 0.5, 0.55], [0.45e-6, 0.5e-6, 0.55e-6, 0.6e-6])
-    base, best = time_model.CALIBRATION, None
-    for compute, bandwidth, latency in itertools.product(*grid):
-        cal = dataclasses.replace(base, compute_fraction=compute, bandwidth_fraction=bandwidth,
-                                  step_latency_s={**base.step_latency_s, time_model.NEURONLINK: latency})
-        ratios = {key: ratio(FIGURES[key], value) for key, value in predict(cal).items()}
-        score = max(abs(math.log(r)) for r in ratios.values())
-        if best is None or score < best[0]:
-            best = (score, cal, ratios)
-    return best[1], best[2]
+def seconds(row: Row, steps: dict) -> float:
+    """The seconds of one step ``row`` is read from (a plan's time.steps): the point estimate."""
+    return steps[row.step]["seconds"]
+
+
+def value(row: Row, step_seconds: float) -> float:
+    """The row's quantity from its step's seconds: a decode step is one token, a prefill the first
+    token, a training step the global batch of sequences."""
+    return GLOBAL_BATCH / step_seconds if row.unit == "sequences/s" else step_seconds
+
+
+def ratio(row: Row, predicted: float) -> float:
+    """How much slower the prediction is than the row (above 1: slower, below: faster)."""
+    return row.value / predicted if row.unit == "sequences/s" else predicted / row.value

@@ -66,13 +66,13 @@ class _Runs:
 def _records(run: _Runs, all_ranks: bool) -> tuple[list, dict, str | None]:
     """(every rank's record, the records of the ranks that ran, why every rank ran or None): rank 0
     and the last first, then the others run, or are rank 0's relabelled where symmetry allows."""
-    from torch_neuronx.simulate import plan, symmetry
+    from torch_neuronx.simulate import costing, symmetry
 
     done = _run_ranks(sorted({0, run.size - 1}), run)
     why = None if all_ranks else _why_not_symmetric(done, run.size)
     if why is None and not all_ranks:
         tiling = symmetry.Tiling(run.size)
-        plan.grouped_collectives(done[0])  # once, before its relabelled copies share it
+        costing.grouped_collectives(done[0])  # once, before its relabelled copies share it
         return [done.get(rank) or symmetry.relabel_lightly(done[0], rank, tiling) for rank in range(run.size)], \
             done, why
     rest = [r for r in range(run.size) if r not in done]

@@ -10,7 +10,7 @@ compute is left to hide it) is not. Each backward
 with such collectives leaves a record: its step, the collectives' indices in the rank's record (in
 launch order), and after each the work and launches that follow it up to the next one, or to the
 end of the backward's last autograd node (a segment; DDP waits for its buckets in a callback after
-that). The plan costs them (plan._hidden).
+that). The plan costs them (costing.hidden).
 """
 from __future__ import annotations
 

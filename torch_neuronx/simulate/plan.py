@@ -19,8 +19,12 @@ from collections import Counter, defaultdict
 from torch_neuronx.diagnostics import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
 from torch_neuronx.runtime.units import id_ranges as ranges
+from torch_neuronx.simulate import costing
 
-SCHEMA = 2  # 2: time (compute, launches, collectives' latency), steps, grouped collectives, recorded work
+# 3: one estimate per step (seconds) with its interval and bounds; 2: a [low, high] range, steps,
+# grouped collectives, recorded work. --recost reads both: what it re-costs was recorded alike.
+SCHEMA = 3
+RECOSTABLE = (2, 3)
 LINK_ASSUMPTIONS = [
     "between two cores of one chip: not published; the chip's NeuronLink bandwidth is assumed",
     "a link's bandwidth is shared evenly by the group's ranks that use it; groups running at once on one link "
@@ -134,34 +138,22 @@ def check_divergence(records) -> dict | None:
     return None
 
 
-# ---- the records, as the plan costs them --------------------------------------------------------
-def grouped_collectives(rec) -> dict[tuple, int]:
-    """{(op, ranks, bytes, shapes, line, step): calls} of a record, in the order first called;
-    a relabelled record's groups translated (symmetry.relabel_lightly)."""
-    cached = getattr(rec, "grouped", None)
-    if cached is None:  # once per record: a decode of 1,500 steps makes 243,000 calls
-        cached = rec.grouped = {}
-        for c in rec.collectives:
-            key = (c.op, c.ranks, c.bytes, c.shapes, c.line, c.step)
-            cached[key] = cached.get(key, 0) + 1
-    translate = getattr(rec, "group_map", None)
-    if not translate:
-        return cached
-    return {(op, translate.get(g, g), b, s, line, step): n for (op, g, b, s, line, step), n in cached.items()}
+# ---- the records' time, as the plan gives it -----------------------------------------------------
+def timing(span: time_model.Span, cal: time_model.Calibration, per: int = 1) -> dict:
+    """A span's estimate, its interval (the model's out-of-sample error) and its bounds (every
+    collective hidden, none), each divided by ``per``."""
+    point = span.seconds(cal) / per
+    return {"seconds": point, "interval_seconds": list(cal.interval(point)),
+            "bounds_seconds": [s / per for s in span.bounds(cal)]}
 
 
-def _compute_spans(profile, rec, cal) -> dict:
-    """{step: Span} of a record's op calls and launches (no collectives yet)."""
-    spans = {}
-    for step in set(rec.work) | set(rec.launches):
-        launches = rec.launches.get(step, {})
-        spans[step] = time_model.Span(time_model.work_span(profile, Counter(rec.work.get(step, {})), cal),
-                                      launches.get("eager", 0), launches.get("graph", 0))
-    return spans
-
-
-def _seconds_pair(span: time_model.Span, cal, per: int = 1) -> list[float]:
-    return [s / per for s in span.seconds(cal)]
+def _parts(span: time_model.Span, cal, per: int) -> dict:
+    """What a span's estimate is made of, each divided by ``per``: the mechanisms the plan names."""
+    return {"compute_seconds": span.compute_s / per, "launch_seconds": span.launch_s(cal) / per,
+            "eager_launches": span.eager_launches / per, "graph_launches": span.graph_launches / per,
+            "communication_seconds": span.comm_s / per, "communication_latency_seconds": span.comm_latency_s / per,
+            "communication_fixed_seconds": span.comm_calls * cal.collective_s / per,
+            "communication_hidden_seconds": span.hidden_s / per, "collective_calls": span.comm_calls / per}
 
 
 def _step_rows(spans: dict, steps: dict, cal) -> dict:
@@ -170,15 +162,14 @@ def _step_rows(spans: dict, steps: dict, cal) -> dict:
     for name, info in steps.items():
         span, count = spans.get(name, time_model.Span()), max(1, info["count"])
         row = {"count": info["count"], "tokens": info["tokens"], "sequences": info["sequences"],
-               "seconds": _seconds_pair(span, cal, count), "compute_seconds": span.compute_s / count,
-               "launch_seconds": [s / count for s in span.launch_s(cal)],
-               "eager_launches": span.eager_launches / count, "graph_launches": span.graph_launches / count,
-               "communication_seconds": span.comm_s / count, "communication_latency_seconds":
-                   span.comm_latency_s / count}
+               **timing(span, cal, count), **_parts(span, cal, count)}
         for unit in ("tokens", "sequences"):
             if info[unit]:
-                row[f"per_{unit[:-1]}_seconds"] = _seconds_pair(span, cal, count * info[unit])
-                row[f"{unit}_per_second"] = [info[unit] / s if s else 0.0 for s in reversed(row["seconds"])]
+                per = timing(span, cal, count * info[unit])
+                row[f"per_{unit[:-1]}_seconds"] = per["seconds"]
+                row[f"per_{unit[:-1]}_interval_seconds"] = per["interval_seconds"]
+                row[f"{unit}_per_second"] = 1 / per["seconds"] if per["seconds"] else 0.0
+                row[f"{unit}_per_second_interval"] = [1 / s if s else 0.0 for s in reversed(per["interval_seconds"])]
         rows[name] = row
     return rows
 
@@ -198,62 +189,6 @@ class _Groups:
         return self.names[group]
 
 
-def _costed_collectives(rec, spans: dict, groups: _Groups, cal: time_model.Calibration) -> list[dict]:
-    """Each distinct collective call of a rank, timed on its group's link; its time goes to its step's span."""
-    calls = []
-    for (op, group, nbytes, shapes, line, step), n in grouped_collectives(rec).items():
-        name = groups.name(group)
-        link, bw = groups.layout.link(group)
-        latency, transfer = time_model.collective_seconds(op, nbytes, len(group), bw, link, cal)
-        span = spans.setdefault(step, time_model.Span())
-        span.comm_latency_s += n * latency
-        span.comm_transfer_s += n * transfer
-        calls.append({"op": op, "group": name, "bytes": nbytes, "shapes": shapes, "line": line,
-                      "step": step, "calls": n, "seconds": latency + transfer})
-    return calls
-
-
-def _overlap_calls(rec, backward: dict) -> list[tuple[str, tuple, int, str | None]]:
-    """(op, ranks, bytes, line) of each collective a backward launched without waiting for it, its
-    group translated for a relabelled rank. A run record holds indices into its collectives, a
-    re-costed one the calls themselves."""
-    translate = getattr(rec, "group_map", None) or {}
-    calls = []
-    for call in backward["calls"]:
-        if isinstance(call, int):
-            c = rec.collectives[call]
-            call = (c.op, c.ranks, c.bytes, c.line)
-        op, ranks, nbytes, line = call
-        calls.append((op, translate.get(tuple(ranks), tuple(ranks)), nbytes, line))
-    return calls
-
-
-def _compute_after(profile, backward: dict, cal) -> list[float]:
-    """The compute seconds (work and launches, at the low launch cost) left after each launch."""
-    costs = [time_model.work_span(profile, Counter(seg["work"]), cal) + seg["eager"] * cal.eager_launch_s[0]
-             + seg["graph"] * cal.graph_launch_s[0] for seg in backward["segments"]]
-    return [sum(costs[i:]) for i in range(len(costs))]
-
-
-def _hidden(rec, spans: dict, layout: Layout, profile, cal, cache: dict) -> list[dict]:
-    """Each backward's collectives that run under its compute (DDP's buckets): their time hidden
-    goes to the step's span; returns what the plan lists of them."""
-    listed = []
-    for backward in getattr(rec, "overlaps", None) or []:
-        if id(backward) not in cache:  # relabelled ranks share rank 0's backwards
-            cache[id(backward)] = _compute_after(profile, backward, cal)
-        calls, after = _overlap_calls(rec, backward), cache[id(backward)]
-        seconds = [sum(time_model.collective_seconds(op, nbytes, len(ranks), layout.link(ranks)[1],
-                                                     layout.link(ranks)[0], cal)) for op, ranks, nbytes, _ in calls]
-        hidden = time_model.overlapped_seconds(zip(seconds, after))
-        spans.setdefault(backward["step"], time_model.Span()).hidden_s += hidden
-        listed.append({"step": backward["step"], "hidden_seconds": hidden, "exposed_seconds": sum(seconds) - hidden,
-                       "calls": [{"op": op, "ranks": ranges(ranks), "bytes": nbytes, "line": line, "seconds": t,
-                                  "compute_after_seconds": a}
-                                 for (op, ranks, nbytes, line), t, a in zip(calls, seconds, after)]})
-    return listed
-
-
 def _over_capacity(rec, capacity: int) -> dict | None:
     """Where a rank's memory crossed the core's HBM (unknown when re-costed for a smaller one)."""
     if rec.over is not None and rec.over.bytes_live > capacity:
@@ -270,13 +205,12 @@ def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: i
     whole = time_model.Span()
     for span in spans.values():
         whole.add(span)
+    run = timing(whole, cal)
     entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
              "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
              "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
-             "step_seconds": list(whole.seconds(cal)), "compute_seconds": whole.compute_s,
-             "launch_seconds": list(whole.launch_s(cal)), "eager_launches": whole.eager_launches,
-             "graph_launches": whole.graph_launches, "communication_seconds": whole.comm_s,
-             "communication_latency_seconds": whole.comm_latency_s, "communication_hidden_seconds": whole.hidden_s,
+             "step_seconds": run["seconds"], "step_interval_seconds": run["interval_seconds"],
+             "step_bounds_seconds": run["bounds_seconds"], **_parts(whole, cal, 1),
              "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
              "steps": _step_rows(spans, rec.steps, cal)}
     over = _over_capacity(rec, capacity)
@@ -300,11 +234,8 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
     after_cache: dict[int, list] = {}
     overlapped = {}  # rank -> each backward's DDP buckets (bytes, line, time hidden); rank 0's is shown
     for rec in records:
-        if id(rec.work) not in compute_cache:
-            compute_cache[id(rec.work)] = _compute_spans(profile, rec, cal)
-        spans = {step: time_model.Span(**vars(span)) for step, span in compute_cache[id(rec.work)].items()}
-        calls = _costed_collectives(rec, spans, groups, cal)
-        overlapped[rec.rank] = _hidden(rec, spans, layout, profile, cal, after_cache)
+        spans, calls, overlapped[rec.rank] = costing.rank_spans(rec, layout, profile, cal, compute_cache,
+                                                                after_cache, groups.name)
         ranks.append(_rank_entry(rec, spans, calls, layout, capacity, cal))
         if "relabelled_from" not in ranks[-1]:
             recorded[str(rec.rank)] = record_json(rec)
@@ -334,8 +265,9 @@ def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Cal
     0's backwards with the collectives they run under their compute (DDP's buckets)."""
     if not ranks:
         return {}
-    slowest = max(ranks, key=lambda r: r["step_seconds"][1])
-    return {"step_seconds": [max(r["step_seconds"][0] for r in ranks), slowest["step_seconds"][1]],
+    slowest = max(ranks, key=lambda r: r["step_seconds"])
+    return {"step_seconds": slowest["step_seconds"], "interval_seconds": list(cal.interval(slowest["step_seconds"])),
+            "bounds_seconds": [max(r["step_bounds_seconds"][0] for r in ranks), slowest["step_bounds_seconds"][1]],
             "slowest_rank": slowest["rank"], "steps": slowest["steps"], "profile": profile.as_dict(),
             "calibration": cal.as_dict(), "assumptions": time_model.assumptions(cal),
             "sources": [profile.source, layout.instance.links.source], "backward_overlap": backward_overlap}
@@ -347,11 +279,30 @@ def record_json(rec) -> dict:
     def steps_of(table):
         return [{"step": step, "items": items} for step, items in table.items()]
 
-    overlaps = [{"step": b["step"], "calls": [list(call) for call in _overlap_calls(rec, b)],
+    overlaps = [{"step": b["step"], "calls": [list(call) for call in costing.overlap_calls(rec, b)],
                  "segments": [{**seg, "work": [[p, f, n_bytes, n] for (p, f, n_bytes), n in seg["work"].items()]}
                               for seg in b["segments"]]} for b in getattr(rec, "overlaps", None) or []]
     return {"work": steps_of({s: [[p, f, b, n] for (p, f, b), n in w.items()] for s, w in rec.work.items()}),
-            "launches": steps_of(rec.launches), "steps": rec.steps, "overlaps": overlaps}
+            "launches": steps_of(rec.launches), "steps": rec.steps, "overlaps": overlaps,
+            "graph_overlaps": [_graph_overlap_json(entry) for entry in getattr(rec, "graph_overlaps", None) or []]}
+
+
+def _graph_overlap_json(entry: dict) -> dict:
+    events = [list(e) if e[0] == "collective" else ["work", [[*k, n] for k, n in e[1].items()], list(e[2]), e[3]]
+              for e in entry["events"]]
+    return {**entry, "collectives": [[op, list(ranks), nbytes] for op, ranks, nbytes in entry["collectives"]],
+            "events": events}
+
+
+def _graph_overlaps_of(recorded: dict) -> list[dict]:
+    """record_json's graph_overlaps back as a record holds them (schema 2 plans have none)."""
+    out = []
+    for entry in recorded.get("graph_overlaps", []):
+        events = [tuple(e) if e[0] == "collective" else
+                  ("work", {tuple(i[:3]): i[3] for i in e[1]}, tuple(e[2]), e[3]) for e in entry["events"]]
+        out.append({**entry, "collectives": [(op, tuple(ranks), nbytes) for op, ranks, nbytes in entry["collectives"]],
+                    "events": events})
+    return out
 
 
 def _overlaps_of(recorded: dict) -> list[dict]:
@@ -361,56 +312,66 @@ def _overlaps_of(recorded: dict) -> list[dict]:
             for b in recorded.get("overlaps", [])]
 
 
+def recorded_record(old: dict, entry: dict, group_ranks: dict, base: dict):
+    """A rank's record again from a written plan (``entry`` one of its ranks, ``group_ranks`` its
+    groups' ranks by name): its recorded work, launches, steps and backwards (shared through ``base``
+    with the ranks relabelled from the same run), and its collectives as the plan grouped them."""
+    from torch_neuronx.simulate.recorder import OverCapacity, RankRecord
+
+    rec = RankRecord(entry["rank"], entry["peak_bytes"], allocations=entry["allocations"])
+    source_rank = str(entry.get("relabelled_from", entry["rank"]))
+    if source_rank not in base:
+        recorded = old["recorded"][source_rank]
+        base[source_rank] = (
+            {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
+            {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded),
+            _graph_overlaps_of(recorded))
+    rec.work, rec.launches, rec.steps, rec.overlaps, rec.graph_overlaps = base[source_rank]
+    rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
+                   for c in entry["collectives"]}
+    rec.relabelled_from = entry.get("relabelled_from")
+    if "error" in entry:
+        rec.error, rec.error_line = entry["error"]["message"], entry["error"]["line"]
+    over = entry.get("over_capacity")
+    if over and over.get("allocation_bytes"):
+        rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"], over["site"])
+    return rec
+
+
+def group_ranks_of(old: dict) -> dict:
+    """{group name: its global ranks} of a written plan."""
+    return {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
+
+
 def recost(old: dict, layout: Layout, capacity: int, source: str,
            cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
-    """A written plan (plan.json, schema 2) costed again on ``layout``: its ranks' recorded work,
+    """A written plan (plan.json, schema 2 or 3) costed again on ``layout``: its ranks' recorded work,
     launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
     the ranks' agreement is instance-independent and kept."""
-    from torch_neuronx.simulate.recorder import RankRecord
-
     check_recostable(old, source)
     if len(old["ranks"]) != layout.nnodes * layout.nproc:
         raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked "
                          "for: re-cost with the plan's own --nnodes and --nproc-per-node")
-    group_ranks = {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
-    records, base = [], {}
-    for entry in old["ranks"]:
-        rec = RankRecord(entry["rank"], entry["peak_bytes"], allocations=entry["allocations"])
-        source_rank = str(entry.get("relabelled_from", entry["rank"]))
-        kept = base.get(source_rank)
-        if kept is None:
-            recorded = old["recorded"][source_rank]
-            kept = base[source_rank] = (
-                {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
-                {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded))
-        rec.work, rec.launches, rec.steps, rec.overlaps = kept
-        rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
-                       for c in entry["collectives"]}
-        rec.relabelled_from = entry.get("relabelled_from")
-        if "error" in entry:
-            rec.error, rec.error_line = entry["error"]["message"], entry["error"]["line"]
-        over = entry.get("over_capacity")
-        if over and over.get("allocation_bytes"):
-            from torch_neuronx.simulate.recorder import OverCapacity
-
-            rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"],
-                                    over["site"])
-        records.append(rec)
+    groups, base = group_ranks_of(old), {}
+    records = [recorded_record(old, entry, groups, base) for entry in old["ranks"]]
     result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
                    divergence=old["divergence"], cal=cal)
     result.simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
-                            "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})"}
+                         "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})",
+                         "recorded_schema": old["schema"]}
     return result
 
 
 def check_recostable(old, source: str) -> None:
     """Raise ValueError, naming the fix, unless ``old`` is a plan :func:`recost` can read."""
-    if not isinstance(old, dict) or old.get("schema") != SCHEMA or old.get("mode") != "structure" \
+    if not isinstance(old, dict) or old.get("schema") not in RECOSTABLE or old.get("mode") != "structure" \
             or "recorded" not in old:
         described = (f"schema {old.get('schema')!r}, mode {old.get('mode')!r}" if isinstance(old, dict)
                      else type(old).__name__)
+        known = " or ".join(map(str, RECOSTABLE))
         raise ValueError(f"{source} is not a plan this version can re-cost ({described}; re-costing needs a "
-                         f"structure plan of schema {SCHEMA}): run the simulation again to write one")
+                         f"structure plan of schema {known}, which keeps its recorded work): run the simulation "
+                         "again to write one")
 
 
 def _parse_ranges(text: str) -> tuple[int, ...]:

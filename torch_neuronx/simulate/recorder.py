@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from torch_neuronx.diagnostics import time_model
 from torch_neuronx.diagnostics.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, frames
-from torch_neuronx.simulate import compiled, overlap, replay, steps
+from torch_neuronx.simulate import compiled, graph_overlap, overlap, replay, steps
 
 
 # c10d ops (dist.* calls) and functional collectives (DTensor, FSDP2's reduce-scatter, compiled
@@ -130,8 +130,11 @@ class RankRecord:
     # Backwards that launched collectives they do not wait for (DDP's buckets), with the work after
     # each: [{"step", "calls": [collective index], "segments": [{"work", "eager", "graph"}]}] (overlap.py).
     overlaps: list = field(default_factory=list)
+    # Compiled graphs whose collectives can run under their own independent compute (graph_overlap.py):
+    # [{"step", "graph", "collectives": [(op, ranks, bytes)], "events", "calls"}]
+    graph_overlaps: list = field(default_factory=list)
     group_map: dict | None = None  # relabelled lightly: rank 0's groups -> this rank's (symmetry.py)
-    grouped: dict | None = None  # re-costed: the collectives as plan.grouped_collectives gives them
+    grouped: dict | None = None  # re-costed: the collectives as costing.grouped_collectives gives them
 
 
 class GraphCall:
@@ -140,6 +143,8 @@ class GraphCall:
     def __init__(self, name: str, account: time_model.FusedAccount, record: RankRecord):
         self.name, self.account, self.outputs = name, account, None
         self.work: Counter = Counter()
+        self.events = graph_overlap.GraphEvents()
+        self.kept_events = None  # events.kept() once the call ends
         self.first_collective, self.start_bytes = len(record.collectives), record.current_bytes
         self.start_allocations, self.high_water = record.allocations, 0
         self.replayable = True  # not when a graph call ran inside it (its work is not in self.work)
@@ -152,7 +157,7 @@ class GraphCall:
         collectives = [(c.op, c.ranks, c.bytes, c.shapes) for c in record.collectives[self.first_collective:]]
         allocations = record.allocations - self.start_allocations - replay.new_outputs(layouts)
         return replay.GraphRecording(self.name, Counter(self.work), collectives, self.high_water, allocations,
-                                     layouts, type(self.outputs))
+                                     layouts, type(self.outputs), self.kept_events)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -182,6 +187,8 @@ class RankRecorder(TorchDispatchMode):
         self._step: str | None = None
         self._graph: GraphCall | None = None
         self._high = 0  # the live total's high-water mark inside the current graph call
+        self._overlap_entries: dict = {}  # a graph's overlap entry (record.graph_overlaps) by step, graph, calls
+        self._overlap_by_events: dict = {}  # (id of a call's events, step) -> (the events, its entry)
         self._replaying = False  # rebuilding a replayed graph's outputs: memory, not compute
         self._backwards = overlap.Backwards(self.record, lambda: self._step,
                                             lambda: (lambda line, site: line or site)(*user_frames(self.script)))
@@ -234,6 +241,26 @@ class RankRecorder(TorchDispatchMode):
             key = ("fp32", 0, account.finish(_keyed_metas(call.outputs)))
             self._add_work(key)
             call.work[key] += 1
+        call.kept_events = call.events.kept()
+        collectives = [(c.op, c.ranks, c.bytes) for c in self.record.collectives[call.first_collective:]]
+        self._graph_overlap(name, collectives, call.kept_events)
+
+    def _graph_overlap(self, name: str, collectives: list, events: list | None) -> None:
+        """One more call of a graph whose collectives can run under its own compute, on this step."""
+        if events is None:
+            return
+        # A replayed call passes its recording's own events: found by identity, without hashing its
+        # collectives' ranks (a rank's ints note each use: slow) or printing its events again.
+        same = self._overlap_by_events.get((id(events), self._step))
+        if same is None or same[0] is not events:
+            key = (self._step, name, tuple(collectives), repr(events))
+            entry = self._overlap_entries.get(key)
+            if entry is None:
+                entry = self._overlap_entries[key] = {"step": self._step, "graph": name, "collectives": collectives,
+                                                      "events": events, "calls": 0}
+                self.record.graph_overlaps.append(entry)
+            same = self._overlap_by_events[id(events), self._step] = (events, entry)
+        same[1]["calls"] += 1
 
     def replay_graph(self, recording: replay.GraphRecording, args):
         """A call of a compiled graph alike its recorded first call (replay.py): its collectives, work,
@@ -246,6 +273,7 @@ class RankRecorder(TorchDispatchMode):
         for key, n in recording.work.items():
             self._add_work(key, n)
         self._count_launch("graph")
+        self._graph_overlap(recording.name, [c[:3] for c in recording.collectives], recording.events)
         self._reach(recording.high_water, f"compiled graph {recording.name}")
         self.record.allocations += recording.allocations
         self._replaying = True
@@ -281,6 +309,7 @@ class RankRecorder(TorchDispatchMode):
             key = self._graph.account.op(op, inputs, results)
             self._add_work(key)
             self._graph.work[key] += 1
+            self._graph.events.op(key, [k for k, _ in inputs], [k for k, _ in results])
             return
         metas_in, metas_out = tuple(m for _, m in inputs), tuple(m for _, m in results)
         self._add_work(time_model.op_work(op, metas_in, metas_out))
@@ -385,11 +414,12 @@ class RankRecorder(TorchDispatchMode):
 
     # ------------------------------------------------------------ collectives
 
-    def _collective(self, func, args, kwargs) -> None:
+    def _collective(self, func, args, kwargs) -> bool:
+        """Record a collective call; whether it was one (not a wait or another c10d op)."""
         name = func._schema.name.split("::", 1)[1]
         op = COLLECTIVES.get(name)
         if op is None:
-            return
+            return False
         flat, _ = tree_flatten((args, kwargs))
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         # c10d ops get the group as a ScriptObject; unbox it to the ProcessGroup the Python side knows.
@@ -414,6 +444,7 @@ class RankRecorder(TorchDispatchMode):
         line = self._backwards.async_line() or line or site
         self.record.collectives.append(Collective(op, ranks, size, shapes, line, self._step))
         self._backwards.collective(len(self.record.collectives) - 1)
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -423,9 +454,14 @@ class RankRecorder(TorchDispatchMode):
         if any(issubclass(t, torch.distributed.tensor.DTensor) for t in types):
             return NotImplemented
         collective = func.namespace in ("c10d", "_c10d_functional")
-        if collective:
-            self._collective(func, args, kwargs)
+        made = collective and self._collective(func, args, kwargs)
         out = func(*args, **kwargs)
+        if collective and self._graph is not None:
+            inputs, results = ([k for k, _ in _keyed_metas(tree)] for tree in (args, out))
+            if made:
+                self._graph.events.collective(inputs, results)
+            elif func is torch.ops._c10d_functional.wait_tensor.default:
+                self._graph.events.waited_as(inputs, results)
         if not collective and not self._paused and not self._replaying:
             self._compute(func, args, kwargs, out)
         flat, _ = tree_flatten(out)

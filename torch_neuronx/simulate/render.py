@@ -8,7 +8,7 @@ import os
 from collections import Counter
 
 from torch_neuronx.runtime import outputs
-from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges, seconds_range
+from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges, seconds_estimate, seconds_range
 
 # Which choices of the program move its time, named where the plan sees them.
 CHOICES = [
@@ -33,10 +33,31 @@ def _ranks_shown(text: str) -> str:
 def _rate(row: dict) -> str:
     for unit in ("token", "sequence"):
         if f"per_{unit}_seconds" in row:
-            per = row[f"per_{unit}_seconds"]
             rate = row[f"{unit}s_per_second"]
-            return f"; {seconds_range(per)} per {unit} ({rate[0]:.3g}-{rate[1]:.3g} {unit}s/s)"
+            return (f"; {seconds_estimate(row[f'per_{unit}_seconds'], row[f'per_{unit}_interval_seconds'])} per "
+                    f"{unit} ({rate:.3g} {unit}s/s)")
     return ""
+
+
+def _collectives(row: dict) -> str:
+    """A step's or rank's collectives, by the mechanisms the model names."""
+    calls, comm = row["collective_calls"], row["communication_seconds"]
+    if not calls:
+        return "no collectives"
+    ring = row["communication_latency_seconds"] - row["communication_fixed_seconds"]
+    transfer = comm - row["communication_latency_seconds"]
+    hidden = row.get("communication_hidden_seconds", 0.0)
+    return (f"collectives {format_seconds(comm)} ({calls:g} calls: {format_seconds(row['communication_fixed_seconds'])} "
+            f"fixed cost, {format_seconds(ring)} ring steps, {format_seconds(transfer)} bytes on the links"
+            + (f"; {format_seconds(hidden)} of it hidden under the backward" if hidden else "") + ")")
+
+
+def _work(row: dict) -> str:
+    return (f"compute {format_seconds(row['compute_seconds'])}, launches {format_seconds(row['launch_seconds'])} "
+            f"({row['eager_launches']:g} eager, {row['graph_launches']:g} graph), {_collectives(row)}")
+
+
+INTERVAL = "where AWS's published rows fell around the model, each held out"
 
 
 def time_lines(plan) -> list[str]:
@@ -45,17 +66,11 @@ def time_lines(plan) -> list[str]:
         return []
     slow = next((r for r in plan.ranks if r["rank"] == t["slowest_rank"]), plan.ranks[0])
     out = [f"time on {plan.nnodes} x {plan.instance} (LNC={plan.lnc}), an estimate: "
-           f"{seconds_range(t['step_seconds'])} per run of the program (slowest rank {t['slowest_rank']}: "
-           f"compute {format_seconds(slow['compute_seconds'])}, {slow['eager_launches']} eager and "
-           f"{slow['graph_launches']} graph launches {seconds_range(slow['launch_seconds'])}, collectives "
-           f"{format_seconds(slow['communication_seconds'])} of which latency "
-           f"{format_seconds(slow['communication_latency_seconds'])}; low: collectives hidden under compute, high: "
-           "none hidden)"]
+           f"{seconds_estimate(t['step_seconds'], t['interval_seconds'])} per run of the program (the interval: "
+           f"{INTERVAL}); slowest rank {t['slowest_rank']}: {_work(slow)}"]
     for name, row in t["steps"].items():
-        out.append(f"  step {name!r} x {row['count']}: {seconds_range(row['seconds'])} per step{_rate(row)}; "
-                   f"compute {format_seconds(row['compute_seconds'])}, launches "
-                   f"{seconds_range(row['launch_seconds'])} ({row['eager_launches']:g} eager, "
-                   f"{row['graph_launches']:g} graph), collectives {format_seconds(row['communication_seconds'])}")
+        out.append(f"  step {name!r} x {row['count']}: {seconds_estimate(row['seconds'], row['interval_seconds'])} "
+                   f"per step{_rate(row)}; {_work(row)}")
         if row["eager_launches"] >= 100:
             out.append(f"    {row['eager_launches']:g} eager op launches per step: compiling the step "
                        "(torch.compile(backend='neuron')) makes each graph one launch")
@@ -65,13 +80,24 @@ def time_lines(plan) -> list[str]:
     return out
 
 
+def bounds_lines(plan) -> list[str]:
+    """The details: each estimate's bounds, every collective hidden under the compute or none."""
+    t = plan.time or {}
+    if not t:
+        return []
+    out = [f"bounds of the run: {seconds_range(t['bounds_seconds'])} (every collective hidden under the compute, "
+           "none hidden)"]
+    out += [f"  step {name!r}: {seconds_range(row['bounds_seconds'])}" for name, row in t["steps"].items()]
+    return out
+
+
 def _rank_rows(plan) -> list[tuple[list[int], dict]]:
     """Ranks whose rows would read the same, grouped: (ranks, the first one's entry)."""
     rows: dict[tuple, tuple[list[int], dict]] = {}
     for r in plan.ranks:
         key = (r["node"] if len(plan.ranks) <= 64 else None, r["chip"] if len(plan.ranks) <= 64 else None,
                r["peak_bytes"], r["collective_calls"], round(r["communication_seconds"], 12),
-               tuple(round(s, 12) for s in r["step_seconds"]), r["fits"])
+               round(r["step_seconds"], 12), r["fits"])
         rows.setdefault(key, ([], r))[0].append(r["rank"])
     return list(rows.values())
 
@@ -114,13 +140,13 @@ def _rank_table(plan) -> list[str]:
     """The table of ranks (alike ones on one row), then rank 0's collectives, the largest first."""
     cap = plan.capacity_bytes
     out = ["", f"{'ranks':>11} {'node':>4} {'chip':>4} {'peak':>11} {'of HBM':>7} {'collectives':>11} {'comm':>10} "
-               f"{'time per run':>21}"]
+               f"{'time per run':>12}"]
     for members, r in _rank_rows(plan):
         spread = len(members) > 1 and len(plan.ranks) > 64  # a row of ranks on several nodes and chips
         out.append(f"{id_ranges(members):>11} {'-' if spread else r['node']:>4} {'-' if spread else r['chip']:>4} "
                    f"{format_bytes(r['peak_bytes']):>11} "
                    f"{100 * r['peak_bytes'] / cap:>6.1f}% {r['collective_calls']:>11} "
-                   f"{format_seconds(r['communication_seconds']):>10} {seconds_range(r['step_seconds']):>21}"
+                   f"{format_seconds(r['communication_seconds']):>10} {format_seconds(r['step_seconds']):>12}"
                    + ("" if r["fits"] else "  OVER"))
     first = plan.ranks[0] if plan.ranks else None
     if first:
@@ -162,7 +188,7 @@ def text(plan) -> str:
         return "\n".join(out) + "\n"
     out += time_lines(plan) + _memory_lines(plan) + _run_lines(plan) + _rank_table(plan)
     t = plan.time or {}
-    out += ["", "how the time is estimated: " + " ".join(t.get("assumptions", [])),
+    out += ["", *bounds_lines(plan), "how the time is estimated: " + " ".join(t.get("assumptions", [])),
             "what moves it: " + "; ".join(CHOICES),
             "sources: " + "; ".join(t.get("sources", plan.communication["sources"])),
             "not modelled: " + "; ".join(plan.communication["assumptions"]),
@@ -187,7 +213,8 @@ def page(plan) -> str:
     body = [f"<h1>Neuron plan: {e(os.path.basename(plan.script))}</h1>"]
     if plan.mode != "numerics" and plan.time:
         body.append("<h2>Time</h2><ul>" + "".join(f"<li>{e(line.strip())}</li>" for line in time_lines(plan))
-                    + "</ul>")
+                    + "</ul><details><summary>Bounds: every collective hidden, none hidden</summary><ul>"
+                    + "".join(f"<li>{e(line.strip())}</li>" for line in bounds_lines(plan)) + "</ul></details>")
     body.append(f"<pre>{e(text(plan))}</pre>")
     if plan.mode != "numerics":
         cap = plan.capacity_bytes
@@ -196,7 +223,7 @@ def page(plan) -> str:
             f"<td>{r['chip']}</td><td>{e(format_bytes(r['peak_bytes']))}</td><td><div class='bar'><div style='width:"
             f"{min(100, 100 * r['peak_bytes'] / cap):.1f}%'></div></div></td><td>{r['collective_calls']}</td>"
             f"<td>{e(format_seconds(r['communication_seconds']))}</td>"
-            f"<td>{e(seconds_range(r['step_seconds']))}</td></tr>"
+            f"<td>{e(seconds_estimate(r['step_seconds'], r['step_interval_seconds']))}</td></tr>"
             for members, r in _rank_rows(plan))
         body.append("<table><tr><th>ranks</th><th>node</th><th>chip</th><th>peak</th><th>of "
                     f"{e(format_bytes(cap))}</th><th>collectives</th><th>communication</th><th>time per run</th></tr>"

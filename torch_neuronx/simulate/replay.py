@@ -29,6 +29,7 @@ class GraphRecording:
     allocations: int  # allocations the call made besides the outputs rebuilt on replay
     outputs: list  # each output's layout (output_layouts)
     output_type: type = tuple
+    events: list | None = None  # its collectives and work in order, when they can overlap (graph_overlap.py)
 
 
 def _concrete(t: torch.Tensor) -> bool:
@@ -40,6 +41,11 @@ def _device(t: torch.Tensor):
     return getattr(t, "fake_device", None) or t.device
 
 
+def _strides(t: torch.Tensor) -> tuple:
+    # A dimension of size 1 is never stepped along: its stride does not change the layout.
+    return tuple(0 if n == 1 else st for n, st in zip(t.shape, t.stride()))
+
+
 def signature(args) -> tuple | None:
     """What makes two calls of one graph alike: each input's shape, strides, offset, dtype and
     device, which inputs share a storage, and plain values as they are; None (always run) when an
@@ -48,7 +54,7 @@ def signature(args) -> tuple | None:
     for a in args:
         if isinstance(a, torch.Tensor):
             shared = storages.setdefault(a.untyped_storage()._cdata, len(storages))
-            key.append((a.shape, a.stride(), a.storage_offset(), a.dtype, _device(a), a.requires_grad, shared))
+            key.append((a.shape, _strides(a), a.storage_offset(), a.dtype, _device(a), a.requires_grad, shared))
         elif a is None or type(a) in (int, float, bool):
             key.append((type(a).__name__, a))
         else:

@@ -253,7 +253,7 @@ def relabel(record, rank: int, tiling: Tiling):
 def relabel_lightly(record, rank: int, tiling: Tiling):
     """Rank 0's record as rank ``rank``'s for the plan, without copying its collectives: they
     are shared, and ``group_map`` names each of rank 0's groups' translate that holds ``rank``
-    (the plan reads them through plan.grouped_collectives). None when a group does not tile."""
+    (the plan reads them through costing.grouped_collectives). None when a group does not tile."""
     out = copy.copy(record)
     out.rank, out.relabelled_from, out.group_map = rank, record.rank, {}
     for group in {c.ranks for c in record.collectives if c.ranks}:

@@ -19,9 +19,10 @@ Layout (manual Megatron-style TP on plain tensors, as NxD does; no DTensor):
 - KV heads: each rank holds max(1, kv_heads / tp) of them; with tp > kv_heads a KV head is
   replicated on tp / kv_heads ranks (the ranks whose query heads use it), as NxD does;
 - a static KV cache of prompt + new-tokens positions per layer (each rank its heads' share),
-  allocated once; prefill writes positions 0..prompt-1, each decode step one position, with
-  index_copy_ at a position tensor, and attention runs over the whole cache with a mask: the decode
-  graph's shapes are the same every step;
+  allocated once; prefill writes positions 0..prompt-1 and attends causally over the prompt's own
+  keys and values (as NxD Inference's context encoding does: the shapes of the NKI flash kernel);
+  each decode step writes one position, with index_copy_ at a position tensor, and attends over the
+  whole cache with a mask: the decode graph's shapes are the same every step;
 - vocab-parallel lm_head on the last position only, then an all_gather of the logits over the TP
   group (tp x vocab/tp values, 256 KiB at the defaults) and the argmax of the whole vocabulary on
   every rank (greedy decode).
@@ -139,9 +140,13 @@ class Attention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         self.cache_k.index_copy_(2, pos, k)
         self.cache_v.index_copy_(2, pos, v)
-        keys = self.cache_k.repeat_interleave(q_local // kv_local, dim=1)
-        values = self.cache_v.repeat_interleave(q_local // kv_local, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if s > 1:  # the prefill: causal attention over the prompt itself (the flash kernel's shapes)
+            keys, values, mask = k, v, None
+        else:  # a decode step: the whole cache, masked to the positions written so far
+            keys, values = self.cache_k, self.cache_v
+        keys = keys.repeat_interleave(q_local // kv_local, dim=1)
+        values = values.repeat_interleave(q_local // kv_local, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
         return all_reduce(self.wo(out.transpose(1, 2).reshape(b, s, q_local * head_dim)))
 
 
