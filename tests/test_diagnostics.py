@@ -725,3 +725,12 @@ def test_collectives_are_counted_not_estimated():
     assert op_classes.family("aten::mm") == "matmul" and op_classes.family("aten::normal_") == "random"
     assert op_classes.family("aten::native_dropout") == "random" and op_classes.family("aten::add.Tensor") == \
         "elementwise"
+
+
+def test_dropout_runs_on_neuron_for_op_tracking_as_torchneurons_kernel():
+    # TorchNeuron's native_dropout kernel draws its mask on the CPU, yet is its own op (test_native_dropout)
+    x = torch.ones(8, device=N)
+    torch_neuronx.clear_op_tracking()
+    torch.nn.functional.dropout(x, 0.5, training=True)
+    assert "aten::native_dropout" in torch_neuronx.get_executed_ops()
+    assert "aten::native_dropout" not in torch_neuronx.get_fallback_ops()
