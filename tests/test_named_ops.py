@@ -93,3 +93,15 @@ def test_sync_batch_norms_kernels_are_tracked_under_their_names():
     mean, invstd = torch.batch_norm_stats(x.to(N), 1e-5)
     assert "aten::batch_norm_stats" in torch_neuronx.get_executed_ops()
     torch.testing.assert_close(mean.cpu(), x.mean((0, 2)))
+
+
+def test_overloads_only_torchneurons_jax_registry_has_decompose_as_in_its_torch_mlir_one():
+    # its test_where asserts where.self for a scalar branch; its repeat_interleave kernels are commented out
+    x = torch.randn(3)
+    xn = x.to(N)
+    torch_neuronx.clear_op_tracking()
+    out = torch.where(xn > 0, 1.0, xn)
+    assert "aten::where.self" in torch_neuronx.get_executed_ops()
+    assert not any("ScalarSelf" in op for op in torch_neuronx.get_executed_ops())
+    assert torch.equal(out.cpu(), torch.where(x > 0, 1.0, x))
+    assert "repeat_interleave.self_int" not in torchneuron_kernels.named_composites()

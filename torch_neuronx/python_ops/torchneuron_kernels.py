@@ -18,6 +18,9 @@ import torch
 
 SOURCE = ("TorchNeuron's source at 98154b8 (April 2026): the ops its python_ops registries and "
           "NeuronBindings.cpp register for the neuron device")
+# Not the overloads only its JAX registry adds (where.ScalarSelf, masked_fill.Scalar, pad, lerp, ...),
+# nor registrations commented out (repeat_interleave.self_int): its tests are written for its
+# torch-mlir registry, where those decompose (test_where asserts where.self for a scalar branch).
 
 # base(overload overload ...) or base alone (its default overload); "default" names the default.
 _LISTED = """
@@ -31,54 +34,50 @@ ScalarList Tensor) _fused_adamw_(default tensor_lr) _fused_rms_norm _fused_rms_n
 _grouped_mm _has_compatible_shallow_copy_type _index_put_impl_ _local_scalar_dense
 _log_softmax(default out) _log_softmax_backward_data(default out) _neg_view _reshape_alias
 _softmax(default out) _softmax_backward_data(default out) _to_copy abs(default out) add(default
-Tensor out) add_(Tensor) addcdiv(default out) addcmul(default out) addmm(default out)
-addmv(default out) addmv_ adjoint alias all(default all_out out) amax(default out) amin(default out)
-any(default all_out out) arange(default start_out) argsort(stable) as_strided atleast_2d(default
-Sequence) batch_norm_backward_elemt(default out) batch_norm_backward_reduce(default out)
+Tensor out) add_(Tensor) addcdiv(default out) addcmul(default out) addmm(default out) addmv(default
+out) addmv_ adjoint alias all(default all_out out) amax(default out) amin(default out) any(default
+all_out out) arange(default start_out) argsort(stable) as_strided atleast_2d(Sequence)
+batch_norm_backward_elemt(default out) batch_norm_backward_reduce(default out)
 batch_norm_elemt(default out) batch_norm_gather_stats_with_counts batch_norm_stats(default out)
-bitwise_and(default Tensor_out out) bitwise_left_shift(Scalar_Tensor
-Scalar_Tensor_out Tensor Tensor_Scalar Tensor_Scalar_out Tensor_out) bitwise_not(default Tensor_out
-out) bitwise_or(default Tensor_out out) bitwise_right_shift(Scalar_Tensor Scalar_Tensor_out Tensor
-Tensor_Scalar Tensor_Scalar_out Tensor_out) bitwise_xor(default Tensor_out out) bmm(default out)
-cat(default out) ceil(default out) chunk clamp(default Tensor Tensor_out out) clamp_max(default
-Tensor Tensor_out out) clamp_min(default Tensor Tensor_out out) clone conj constant_pad_nd
-contiguous convolution convolution_backward copy_ cos(default out) cross_entropy_loss
-cumsum(default out) detach diagonal dist div(default out out_mode) div_(default
-Tensor) dot(default out) embedding embedding_dense_backward(default out) empty(default
-memory_format) empty_strided eq(default Scalar_out Tensor_out) erf(default out) erfinv(default out)
-exp(default out) expand expand_as eye(default m m_out out) fill_(default Scalar Tensor) flatten
-flip(default out) floor_divide(default out) full(default out) gather(default out) ge(default
-Scalar_out Tensor_out) gelu(default out) gelu_ gelu_backward(default grad_input) gt(default
-Scalar_out Tensor_out) histc(default out) imag index(default Tensor Tensor_out) index_add(default
-out) index_add_ index_copy(default out) index_copy_ index_select(default out) index_select_backward
-isfinite isinf isnan isneginf(default out) layer_norm_backward le(default Scalar_out Tensor_out)
-lerp(default Scalar Scalar_out Tensor Tensor_out) lerp_(default Scalar Tensor)
-linalg_vector_norm(default out) linear(default out) linear_backward(default out) log(default out)
-log_softmax logical_and(default out) logical_not(default out) logical_or(default out)
-logical_xor(default out) lt(default Scalar_out Tensor_out) mH mT masked_fill(default Scalar Tensor)
-masked_fill_(Scalar Tensor) masked_select(default Tensor_out out) max(default
-dim dim_max unary_out) mean(default dim dtype_out out) min(default unary_out) mm(default out)
-moveaxis movedim mul(Scalar Scalar_out Tensor out) mul_ mv(default out) narrow native_dropout
-native_dropout_backward native_layer_norm(default out) native_layer_norm_backward(default out)
-ne(default Scalar_out Tensor_out) neg(default out) neg_ new_empty nll_loss_backward(default
-grad_input) nll_loss_forward(default output) nonzero(default out) nonzero_static(default out)
-one_hot ones(default out) ones_like pad(default out) permute pow(default Scalar_out
-Tensor_Scalar_out Tensor_Tensor_out) real reciprocal(default out) reciprocal_ record_stream
-reflection_pad1d reflection_pad2d reflection_pad3d relu(default out) relu_ remainder(default Scalar
-Scalar_out Tensor Tensor_out) repeat repeat_interleave(Tensor self_Tensor self_int)
+bitwise_and(default Tensor_out out) bitwise_left_shift(Scalar_Tensor Scalar_Tensor_out Tensor
+Tensor_Scalar Tensor_Scalar_out Tensor_out) bitwise_not(default Tensor_out out) bitwise_or(default
+Tensor_out out) bitwise_right_shift(Scalar_Tensor Scalar_Tensor_out Tensor Tensor_Scalar
+Tensor_Scalar_out Tensor_out) bitwise_xor(default Tensor_out out) bmm(default out) cat(default out)
+ceil(default out) chunk clamp(default Tensor Tensor_out out) clamp_max(default Tensor Tensor_out
+out) clamp_min(default Tensor Tensor_out out) clone conj constant_pad_nd contiguous convolution
+convolution_backward copy_ cos(default out) cross_entropy_loss cumsum(default out) detach diagonal
+div(default out out_mode) div_(Tensor) dot(default out) embedding embedding_dense_backward(default
+out) empty(default memory_format) empty_strided eq(default Scalar_out Tensor_out) erf(default out)
+erfinv(default out) exp(default out) expand expand_as eye(default m m_out out) fill_(default Scalar
+Tensor) flatten flip(default out) floor_divide(default out) full(default out) gather(default out)
+ge(default Scalar_out Tensor_out) gelu(default out) gelu_ gelu_backward(default grad_input)
+gt(default Scalar_out Tensor_out) histc(default out) imag index(default Tensor Tensor_out)
+index_add(default out) index_add_ index_copy(default out) index_copy_ index_select(default out)
+index_select_backward isfinite isinf isnan isneginf(default out) le(default Scalar_out Tensor_out)
+lerp(Scalar Scalar_out Tensor Tensor_out) lerp_(Scalar Tensor) linalg_vector_norm(default out)
+linear linear_backward log(default out) log_softmax logical_and(default out) logical_not(default
+out) logical_or(default out) logical_xor(default out) lt(default Scalar_out Tensor_out) mH mT
+masked_fill masked_fill_(Scalar) masked_select(default Tensor_out out) max(default dim dim_max
+unary_out) mean(default dim dtype_out out) min(default unary_out) mm(default out) moveaxis movedim
+mul(Scalar Scalar_out Tensor out) mul_ mv(default out) narrow native_dropout native_dropout_backward
+native_layer_norm(default out) native_layer_norm_backward(default out) ne(default Scalar_out
+Tensor_out) neg(default out) neg_ new_empty nll_loss_backward(default grad_input)
+nll_loss_forward(default output) nonzero(default out) nonzero_static(default out) one_hot
+ones(default out) ones_like permute pow(default Scalar_out Tensor_Scalar_out Tensor_Tensor_out) real
+reciprocal(default out) reciprocal_ record_stream reflection_pad1d reflection_pad2d reflection_pad3d
+relu(default out) relu_ remainder(default Tensor_out) repeat repeat_interleave(Tensor)
 replication_pad1d replication_pad2d(default out) replication_pad3d reshape reshape_as resize_
-rsqrt(default out) scalar_tensor scatter(default reduce reduce_out src src_out value value_out
-value_reduce value_reduce_out) scatter_add(default out) scatter_add_ select select_backward
-set_(default source_Storage source_Storage_storage_offset source_Tensor
-source_Tensor_storage_offset) sgn(default out) sigmoid(default out) sigmoid_backward(default
-grad_input) sign(default out) signbit(default out) silu(default out) silu_ silu_backward sin(default
-out) slice slice_backward softmax softplus(default out) softplus_backward(default grad_input) split
-sqrt(default out) squeeze stack(default out) sub(Scalar Scalar_out Tensor out) sub_(Tensor)
-sum(default IntList_out dim_IntList) swapaxes swapdims t tanh(default out) tanh_backward
-threshold(default out) threshold_backward(default grad_input) topk(default out values) transpose
-tril(default out) triu(default out) trunc(default out) unfold unsqueeze
-value_selecting_reduction_backward view view_as view_as_complex view_as_real vstack(default out)
-where(Scalar ScalarOther ScalarSelf self self_out) zero_ zeros(default out)
+rsqrt(default out) scalar_tensor scatter(default reduce reduce_out src src_out value_out
+value_reduce_out) scatter_add scatter_add_ select select_backward set_(default source_Storage
+source_Storage_storage_offset source_Tensor source_Tensor_storage_offset) sgn(default out)
+sigmoid(default out) sigmoid_backward(default grad_input) sign(default out) signbit(default out)
+silu(default out) silu_ silu_backward sin(default out) slice slice_backward softmax softplus(default
+out) softplus_backward(default grad_input) split sqrt(default out) squeeze stack(default out)
+sub(Scalar Scalar_out Tensor out) sub_(Tensor) sum(default IntList_out dim_IntList) swapaxes
+swapdims t tanh(default out) tanh_backward threshold(default out) threshold_backward(default
+grad_input) topk(default out values) transpose tril(default out) triu(default out) trunc(default
+out) unfold unsqueeze value_selecting_reduction_backward view view_as view_as_complex view_as_real
+vstack(default out) where(self self_out) zero_ zeros(default out)
 """
 KERNELS: frozenset[str] = frozenset(
     f"{base}.{overload}" if overload != "default" else base
