@@ -447,7 +447,7 @@ def test_matmul_estimate_by_hand():
                                                TensorMeta((256, 64), torch.bfloat16, N)),
                                (TensorMeta((128, 64), torch.bfloat16, N),))
     assert small.bound == "memory" and math.isclose(
-        small.seconds, (128 * 256 + 256 * 64 + 128 * 64) * 2 / (0.725e12 * cal.bandwidth_fraction))
+        small.seconds, (128 * 256 + 256 * 64 + 128 * 64) * 2 / (0.725e12 * cal.hbm_fraction))
 
 
 def test_elementwise_estimate_by_hand():
@@ -455,7 +455,7 @@ def test_elementwise_estimate_by_hand():
     x = TensorMeta((1000, 1000), torch.float32, N)
     cost = time_model.op_cost(p, "aten::add.Tensor", (x, x), (x,))
     assert cost.flops == 0 and cost.bytes == 12_000_000  # two reads and a write of 4 MB
-    assert math.isclose(cost.seconds, 12e6 / (0.725e12 * time_model.CALIBRATION.bandwidth_fraction))
+    assert math.isclose(cost.seconds, 12e6 / (0.725e12 * time_model.CALIBRATION.hbm_fraction))
     inplace = time_model.op_cost(p, "aten::add_.Tensor", (x, x), ())
     assert inplace.bytes == 12_000_000  # the first argument is also written
 
@@ -483,7 +483,7 @@ def test_estimate_of_a_run(collect):
     phases = {p.name: p for p in report.phases}
     cal = time_model.CALIBRATION
     assert math.isclose(phases["matmul"].estimated_ms, 2_147_483_648 / (166.75e12 * cal.compute_fraction) * 1e3)
-    assert math.isclose(phases["elementwise"].estimated_ms, 12e6 / (0.725e12 * cal.bandwidth_fraction) * 1e3)
+    assert math.isclose(phases["elementwise"].estimated_ms, 12e6 / (0.725e12 * cal.hbm_fraction) * 1e3)
     families = {f.family: f for f in report.families}
     assert families["matmul"].flops == 2_147_483_648 and families["matmul"].bound == "compute"
     assert families["elementwise"].bytes == 12_000_000 and families["elementwise"].bound == "memory"

@@ -254,8 +254,9 @@ def test_cpu_tensor_with_neuron_indices_gives_pytorch_s_message():
         x.index_put_((idx,), torch.ones(2, 3))
     with pytest.raises(RuntimeError, match=message):
         x[x.to(N) > 0]
-    # a neuron value tensor is a plain device mismatch, as with CUDA values
-    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+    # a neuron value tensor sends the op to neuron, where the CPU tensor is a device mismatch in
+    # TorchNeuron's words (its python_ops/base.py)
+    with pytest.raises(RuntimeError, match="is on cpu device, expected neuron: all tensors must be on the same"):
         x.index_put_((idx.cpu(),), torch.ones(2, 3, device=N))
 
 

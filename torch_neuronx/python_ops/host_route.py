@@ -102,7 +102,8 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = ()) -> 
         for i, alias in zip(places, _IntoHost.apply(device, *tensors)):
             flat[i] = alias
         result = op(*pytree.tree_unflatten(flat, spec))
-        ops._track_op(name.partition("::")[2])  # its parts ran on CPU aliases: tracked under its name
+        if name.startswith("aten::"):  # its parts ran on CPU aliases: tracked under its name
+            ops._track_op(name.partition("::")[2])
         results, result_spec = pytree.tree_flatten(result)
         outputs = [i for i, leaf in enumerate(results) if isinstance(leaf, torch.Tensor)]
         for i, adopted in zip(outputs, _OutOfHost.apply(device, *(results[i] for i in outputs))):
