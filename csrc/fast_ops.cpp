@@ -206,7 +206,25 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& m1, const at::Te
 
 at::Tensor softmax(const at::Tensor& self, int64_t dim, bool half_to_float) {
   CallContext ctx("aten::_softmax");
-  return ctx.to_neuron(at::cpu::_softmax(ctx.alias(self), dim, half_to_float));
+  auto cpu_self = ctx.alias(self);
+  if (half_to_float && self.scalar_type() == at::kHalf) {
+    // CPU refuses half_to_float; TorchNeuron (as CUDA) returns the float32 softmax of the half input.
+    return ctx.to_neuron(at::cpu::_softmax(cpu_self.to(at::kFloat), dim, false));
+  }
+  return ctx.to_neuron(at::cpu::_softmax(cpu_self, dim, half_to_float));
+}
+
+// amax/amin with out=: TorchNeuron checks the out tensor's dtype first, a TypeError in torch's dtype
+// names (CPU's check is a RuntimeError); then the op runs as any other, on CPU aliases.
+void reduction_out_of_input_dtype(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t first = stack->size() - op.schema().arguments().size();
+  const at::Tensor& self = (*stack)[first].toTensor();
+  const at::Tensor& out = stack->back().toTensor();
+  TORCH_CHECK_TYPE(self.scalar_type() == out.scalar_type(),
+                   "Expected the dtype for input and out to match, but got torch.",
+                   c10::getDtypeNames(self.scalar_type()).first, " for input's dtype and torch.",
+                   c10::getDtypeNames(out.scalar_type()).first, " for out's dtype.");
+  neuron_fallback(op, stack);
 }
 
 at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
@@ -401,6 +419,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmm_", TORCH_FN(addmm_inplace));
   m.impl("addmm.out", TORCH_FN(addmm_out));
   m.impl("_softmax", TORCH_FN(softmax));
+  m.impl("amax.out", torch::CppFunction::makeFromBoxedFunction<&reduction_out_of_input_dtype>());
+  m.impl("amin.out", torch::CppFunction::makeFromBoxedFunction<&reduction_out_of_input_dtype>());
   m.impl("gelu", TORCH_FN(gelu));
   m.impl("gelu_", TORCH_FN(gelu_inplace));
   m.impl("silu", TORCH_FN(silu));

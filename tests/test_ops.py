@@ -403,3 +403,23 @@ def test_factories_on_neuron():
     assert t.device == torch.device("neuron:1")
     assert torch.zeros(2, device="neuron:2").device.index == 2
     assert torch.arange(3, device="neuron:3").device.index == 3
+
+
+@pytest.mark.parametrize("op", [torch.amax, torch.amin])
+def test_an_out_of_another_dtype_is_torchneurons_type_error(op):
+    # TorchNeuron's test_amax_amin: a TypeError in torch's dtype names (CPU raises a RuntimeError)
+    x = torch.randint(0, 10, (3, 4), dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"^Expected the dtype for input and out to match, but got torch.int32 for "
+                                        r"input's dtype and torch.float32 for out's dtype.$"):
+        op(x.to(N), out=torch.empty((), dtype=torch.float32, device=N))
+    out = torch.empty((), dtype=torch.int32, device=N)
+    assert op(x.to(N), out=out) is out and torch.equal(out.cpu(), op(x))
+
+
+def test_softmax_half_to_float_gives_the_float_softmax_as_torchneuron():
+    # CPU refuses half_to_float; TorchNeuron (its test_unary_ops) returns float32
+    x = torch.randn(2, 3, dtype=torch.float16)
+    result = torch.ops.aten._softmax.default(x.to(N), 1, True)
+    assert result.dtype == torch.float32 and result.device.type == "neuron"
+    assert torch.equal(result.cpu(), torch.softmax(x.float(), 1))
+    assert torch.equal(torch.ops.aten._softmax.default(x.to(N), 1, False).cpu(), torch.softmax(x, 1))
