@@ -190,6 +190,8 @@ TORCH_LIBRARY_FRAGMENT(neuron, m) {
   m.def("_abort_compiled_call() -> ()", &abort_call);
   m.def("_enter_compiled_call_any(Tensor[] inputs) -> Tensor[]", &enter_any);
   m.def("_exit_compiled_call_any(Tensor[] outputs) -> Tensor[]", &exit_any);
+  // Whether this thread is running a compiled graph (its tensors are host aliases and host buffers).
+  m.def("_inside_compiled_call() -> bool", []() { return !t_frames.empty(); });
 }
 
 }  // namespace neuron

@@ -29,22 +29,19 @@ def get_executed_ops() -> list[str]:
 
 
 def get_fallback_ops() -> list[str]:
-    """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore: those its own
-    registrations route to the CPU (``torch_neuronx.python_ops.host_ops.TABLE``, each with its source)
-    and those it has no neuron kernel for, which its boxed CPU fallback runs
-    (``python_ops.torchneuron_kernels``). Every op runs on the host here; these are the ones that
-    would cost a host round trip on Trainium."""
+    """The executed ops that TorchNeuron would run on the CPU instead of a NeuronCore (each one's source
+    is in ``torch_neuronx.python_ops.host_ops.TABLE``). Every op runs on the host here; these are the
+    ones that would cost a host round trip on Trainium."""
     return [name for name in get_op_counts() if is_fallback(name)]
 
 
 def is_fallback(name: str) -> bool:
     """Whether TorchNeuron runs op ``name`` ('aten::sort.stable') on the CPU (see get_fallback_ops). Not
     native_dropout: its kernel draws the mask on the CPU, but the op is TorchNeuron's (its tests assert
-    that it runs on neuron)."""
-    if not torchneuron_kernels.has_kernel(name):
-        return True
+    that it runs on neuron). An op missing from TorchNeuron's kernel list is not enough: the list is read
+    from its registries, and some kernels (attention, ...) are registered elsewhere."""
     entry = op_classes.lookup(name)
-    return entry is not None and "cpu-random" not in entry.sources
+    return entry is not None and not (torchneuron_kernels.has_kernel(name) and "cpu-random" in entry.sources)
 
 
 def clear_op_tracking() -> None:

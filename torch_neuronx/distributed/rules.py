@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_neuronx.runtime import BACKEND_NAME
+from torch_neuronx.runtime import BACKEND_NAME, ops
 
 SUPPORTED_OPS = ("SUM", "AVG", "MIN", "MAX")
 ALL_TO_ALL_SIZES = (4, 8, 16)  # or a multiple of 32: the world sizes Trainium's AllToAll (mesh) supports
@@ -52,7 +52,11 @@ def flat(tensors) -> list[torch.Tensor]:
 
 
 def on_neuron(tensors) -> None:
-    """TorchNeuron's group finds its stream from the call's first tensor: any other device is refused."""
+    """TorchNeuron's group finds its stream from the call's first tensor: any other device is refused.
+    Not inside a compiled graph: TorchNeuron lowers its collectives into the graph (they never reach
+    the group's methods), and here the graph runs on host aliases of the neuron tensors."""
+    if ops._inside_compiled_call():
+        return
     for t in flat(tensors):
         if t.device.type != BACKEND_NAME:
             raise ValueError(f"Expected neuron device, got {t.device.type}. {CPU_FIX}")
