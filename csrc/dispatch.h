@@ -30,7 +30,7 @@ void clear_op_counts();
 
 // named_ops.cpp: ops tracked under TorchNeuron's name while their composite runs.
 int64_t register_named_ops(const std::vector<std::string>& names);
-// Whether this thread is inside such an op (its parts are not tracked).
+// Whether this thread is inside such an op (its parts are observed, not counted).
 bool inside_named_op();
 // Records one call of aten op `name` for op tracking (a python_ops kernel's call).
 void track_op(const std::string& name);
@@ -77,6 +77,9 @@ class CallContext {
   // buffers, whose values the call does not read (and has not written yet when it returns: Gloo is
   // asynchronous).
   void set_observe_arguments(bool on) { observe_arguments_ = on; }
+  // Counted for op tracking, never observed (a named op: its parts are observed instead).
+  void set_count_only() { count_only_ = true; }
+  bool count_only() const { return count_only_; }
   const c10::SmallVector<at::Tensor, 2>& observed_results() const { return observed_results_; }
 
   // The CPU alias of a tensor argument (CPU tensors pass through). A CPU tensor
@@ -114,15 +117,6 @@ class CallContext {
     for (const at::Tensor* t : inputs) observed_inputs_.push_back(*t);
     observed_results_.push_back(result);
   }
-  // One tensor of a call observed whole (named_ops.cpp: an op that runs its composite).
-  void observe_tensor(const at::Tensor& t, bool result) {
-    if (!t.defined()) return;
-    if (result) {
-      observed_results_.push_back(t);
-    } else {
-      observed_inputs_.push_back(t);
-    }
-  }
 
  private:
   at::Tensor to_neuron_impl(const at::Tensor& cpu_result);
@@ -149,6 +143,7 @@ class CallContext {
   c10::DeviceIndex output_device_ = -1;
   bool saw_cpu_tensor_ = false;
   bool observe_arguments_ = true;
+  bool count_only_ = false;
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;
   c10::SmallVector<AdoptedPair, 2> adopted_;

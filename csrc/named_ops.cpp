@@ -18,14 +18,6 @@ struct Depth {
   ~Depth() { --t_named_depth; }
 };
 
-void observe_tensors(CallContext& ctx, const c10::IValue& value, bool result) {
-  if (value.isTensor()) {
-    ctx.observe_tensor(value.toTensor(), result);
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorVector()) ctx.observe_tensor(t, result);
-  }
-}
-
 // A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
 // or DTensor wrapper): the autograd-level kernel sees it before that layer does.
 bool behind_python(const c10::IValue& value) {
@@ -57,20 +49,13 @@ void run_named(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return;
     }
   }
-  CallContext ctx(schema.name().c_str());  // records the op when it ends, after the ops inside
+  // Counted under its name when it ends (get_executed_ops); not observed: its parts are, as the plan's
+  // fake tensors see them, so the report's costs and the plan's stay one model.
+  CallContext ctx(schema.name().c_str());
   ctx.set_overload_name(&schema.overload_name());
-  const bool observing = op_tracking_level() >= 2 && t_named_depth == 0;
-  if (observing) {
-    for (size_t i = begin; i < stack->size(); ++i) observe_tensors(ctx, (*stack)[i], false);
-  }
-  {
-    Depth inside;
-    op.callBoxedForDispatchKey(composite_key(op), *stack);
-  }
-  if (observing) {
-    const size_t returns = schema.returns().size();
-    for (size_t i = stack->size() - returns; i < stack->size(); ++i) observe_tensors(ctx, (*stack)[i], true);
-  }
+  ctx.set_count_only();
+  Depth inside;
+  op.callBoxedForDispatchKey(composite_key(op), *stack);
 }
 
 }  // namespace
@@ -86,6 +71,7 @@ void track_op(const std::string& name) {
   const auto& schema = op.schema();  // lives as long as the op: the name's pointer is stable
   CallContext ctx(schema.name().c_str());
   ctx.set_overload_name(&schema.overload_name());
+  ctx.set_count_only();  // its tensors are not at hand here
 }
 
 // Registers run_named as the neuron kernel of `names` (below autograd); of the

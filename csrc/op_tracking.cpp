@@ -179,9 +179,9 @@ void observe(const CallContext& ctx) {
 void record_op(const CallContext& ctx) noexcept {
   const char* name = ctx.op_name();
   // The observer's own ops, a failed call, or a compiled graph's entry (its ops are not eager calls).
-  // ... or a part of an op tracked under TorchNeuron's name (named_ops.cpp).
-  if (t_in_observer || std::uncaught_exceptions() > 0 || name == kCompiledGraphCall || inside_named_op()) return;
-  {
+  if (t_in_observer || std::uncaught_exceptions() > 0 || name == kCompiledGraphCall) return;
+  // A part of an op counted under TorchNeuron's name (named_ops.cpp) is observed, not counted.
+  if (!inside_named_op()) {
     std::lock_guard<std::mutex> lock(g_counts_mutex);
     auto& entry = g_counts[name];
     if (entry.calls == 0 || entry.key != name) {
@@ -192,7 +192,7 @@ void record_op(const CallContext& ctx) noexcept {
     }
     ++entry.calls;
   }
-  if (op_tracking_level() >= 2) observe(ctx);
+  if (op_tracking_level() >= 2 && !ctx.count_only()) observe(ctx);
 }
 
 void set_op_tracking_level(int64_t level) {

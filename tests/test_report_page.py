@@ -68,7 +68,7 @@ def test_findings_one_row_per_line_and_kind_with_the_code(run):
                        14: ["host-sync-in-loop"]}
     (line_16,) = [r for r in rows if r["line"] == 16]
     assert line_16["code"] == LINE_16 and line_16["severity"] == "computes-differently"
-    assert line_16["ops"] == {"aten::_to_copy": 1, "aten::mul.Tensor": 1, "aten::sum": 1}  # sum: its name
+    assert line_16["ops"] == {"aten::_to_copy": 1, "aten::mul.Tensor": 1, "aten::sum.dim_IntList": 1}
     assert "keep float32" in line_16["fix"]
     (loop,) = [r for r in rows if r["line"] == 14]
     assert loop["ops"] == {"aten::_local_scalar_dense": 10} and "move .item() out of the loop" in loop["fix"]
