@@ -183,9 +183,7 @@ class ProcessGroupNeuron(PG):
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         outputs, size = rules.flat(output_lists), self.size()  # TorchNeuron's order: [tensor][rank]
-        rules.on_neuron([*outputs, *inputs])
-        rules.no_zero_dim0([*inputs, *outputs], "all_gather")
-        rules.same_dtype("all_gather", [*inputs, *outputs])
+        rules.gathered(inputs, outputs)
         if len(inputs) == 1:
             rules.sliced_outputs("all_gather", inputs[0], outputs)
         else:
@@ -198,9 +196,7 @@ class ProcessGroupNeuron(PG):
         """all_gather_into_tensor's output and input as Gloo takes them, after TorchNeuron's checks."""
         if output.dim() != input.dim():  # TorchNeuron squeezes both when the ranks differ
             output, input = output.squeeze(), input.squeeze()
-        rules.on_neuron([output, input])
-        rules.no_zero_dim0([input, output], "all_gather")
-        rules.same_dtype("all_gather", [input, output])
+        rules.gathered([input], [output])
         rules.gathered_output(output, input, self.size())
         self._check(f"all_gather_into_tensor({tensor_text(output)}, {tensor_text(input)})")
         return output, input
@@ -231,9 +227,7 @@ class ProcessGroupNeuron(PG):
         opts = opts if opts is not None else dist.GatherOptions()
         rules.root(opts.rootRank, self.size())
         outputs = rules.flat(output_lists)
-        rules.on_neuron([*outputs, *inputs])
-        rules.no_zero_dim0([*inputs, *outputs], "all_gather")
-        rules.same_dtype("all_gather", [*inputs, *outputs])
+        rules.gathered(inputs, outputs)
         rules.sliced_outputs("all_gather", inputs[0], outputs)
         self._check(f"gather({tensors_text(inputs)}, dst={opts.rootRank})")
         return self._stock.gather(output_lists, inputs, opts)

@@ -111,6 +111,14 @@ def gathered_shape(input: torch.Tensor, size: int) -> tuple[int, ...]:
     return (size * input.shape[0], *input.shape[1:]) if input.dim() else (size,)
 
 
+def gathered(inputs, outputs) -> None:
+    """The checks TorchNeuron's all_gather collective makes first, in its order: the device (outputs
+    first), no zero first dimension, one dtype."""
+    on_neuron([*outputs, *inputs])
+    no_zero_dim0([*inputs, *outputs], "all_gather")
+    same_dtype("all_gather", [*inputs, *outputs])
+
+
 def sliced_outputs(op: str, input: torch.Tensor, outputs) -> None:
     """all_gather and gather: each output has the input's shape."""
     wrong = [(i, o.shape) for i, o in enumerate(outputs) if o.shape != input.shape]
