@@ -8,6 +8,10 @@
 
 #include <torch/library.h>
 
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
 namespace neuron {
 namespace {
 
@@ -27,11 +31,18 @@ bool behind_python(const c10::IValue& value) {
   };
   if (value.isTensor()) return wrapped(value.toTensor());
   if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorVector()) {
+    for (const at::Tensor& t : value.toTensorList()) {
       if (wrapped(t)) return true;
     }
   }
   return false;
+}
+
+// aten op `name` ('linear', 'linear_backward.out') by its overload.
+c10::OperatorHandle aten_op(const std::string& name) {
+  const auto dot = name.find('.');
+  return c10::Dispatcher::singleton().findSchemaOrThrow(
+      ("aten::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
 }
 
 c10::DispatchKey composite_key(const c10::OperatorHandle& op) {
@@ -65,10 +76,17 @@ bool inside_named_op() { return t_named_depth > 0; }
 // One call of aten op `name` ('batch_norm_stats', 'linear_backward.out'), tracked as if its kernel were
 // ours: the ops registered from Python (python_ops) run on CPU aliases, which nothing tracks.
 void track_op(const std::string& name) {
-  const auto dot = name.find('.');
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
-      ("aten::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
-  const auto& schema = op.schema();  // lives as long as the op: the name's pointer is stable
+  // Looked up once per name: the kernels that call this run once per layer or batch-norm call.
+  static std::mutex mutex;
+  static std::unordered_map<std::string, c10::OperatorHandle> ops;
+  const c10::FunctionSchema* found = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = ops.find(name);
+    if (it == ops.end()) it = ops.emplace(name, aten_op(name)).first;
+    found = &it->second.schema();
+  }
+  const auto& schema = *found;  // lives as long as the op: the name's pointer is stable
   CallContext ctx(schema.name().c_str());
   ctx.set_overload_name(&schema.overload_name());
   ctx.set_count_only();  // its tensors are not at hand here
@@ -81,9 +99,7 @@ int64_t register_named_ops(const std::vector<std::string>& names) {
   auto* above =
       new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
   for (const auto& name : names) {
-    const auto dot = name.find('.');
-    const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
-        ("aten::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
+    const auto op = aten_op(name);
     below->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_named>());
     if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
       above->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_named>());

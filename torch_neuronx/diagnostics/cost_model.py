@@ -119,15 +119,10 @@ def flops(op: str, inputs: tuple[TensorMeta, ...], results: tuple[TensorMeta, ..
             return flop_counter.bmm_flop(shapes[0], shapes[1])
         if base == "baddbmm":
             return flop_counter.baddbmm_flop(shapes[0], shapes[1], shapes[2])
-        if base in ("matmul", "linear", "mv", "dot", "vdot") and results:
-            # composites TorchNeuron runs as one op: 2 x each result element x the contracted size
-            # (FlopCounterMode counts their mm, bmm or addmm parts the same way)
-            return 2 * math.prod(results[0].shape) * shapes[0][-1]
-        if base in ("convolution_overrideable", "convolution", "_convolution", "conv1d", "conv2d", "conv3d") \
-                and results:
+        if base in ("convolution_overrideable", "convolution", "_convolution") and results:
             return flop_counter.conv_flop_count(list(shapes[0]), list(shapes[1]), list(results[0].shape),
                                                 transposed=_is_transposed_conv(inputs[0], results[0]))
-        if base in ("convolution_backward_overrideable", "convolution_backward") and len(inputs) >= 3:
+        if base == "convolution_backward_overrideable" and len(inputs) >= 3:
             grad_out, x, w = inputs[:3]
             transposed = _is_transposed_conv(x, grad_out)
             # grad of the input and of the weight (the first two results, when computed): each costs
