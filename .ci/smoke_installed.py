@@ -160,7 +160,7 @@ def _simulate():
         with open(os.path.join(out, "plan.json")) as f:
             plan = json.load(f)
         decode = plan["time"]["steps"]["decode"]
-        assert decode["count"] == 2 and decode["per_token_seconds"][1] > 0, decode
+        assert decode["count"] == 2 and decode["per_token_seconds"] > 0, decode  # one estimate (schema 3)
         again = os.path.join(folder, "again")
         run([PYTHON, "-m", "torch_neuronx.simulate", "--quiet", "--recost", os.path.join(out, "plan.json"),
              "--instance", "trn3-gen1", "--out", again])
