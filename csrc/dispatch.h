@@ -32,8 +32,13 @@ void clear_op_counts();
 int64_t register_named_ops(const std::vector<std::string>& names);
 // Whether this thread is inside such an op (its parts are observed, not counted).
 bool inside_named_op();
-// Records one call of aten op `name` for op tracking (a python_ops kernel's call).
-void track_op(const std::string& name);
+// A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
+// or DTensor wrapper): an autograd-level kernel sees it before that layer does.
+bool wrapped_by_python(const at::Tensor& t);
+// Records one call of aten op `name` for op tracking (a python_ops kernel's call); observed with the
+// tensors given, if any.
+void track_op(const std::string& name, const std::vector<at::Tensor>& inputs = {},
+              const std::vector<at::Tensor>& results = {});
 
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
@@ -116,6 +121,12 @@ class CallContext {
     if (C10_LIKELY(op_tracking_level() < 2)) return;
     for (const at::Tensor* t : inputs) observed_inputs_.push_back(*t);
     observed_results_.push_back(result);
+  }
+  void observe_input(const at::Tensor& t) {
+    if (op_tracking_level() >= 2) observed_inputs_.push_back(t);
+  }
+  void observe_result(const at::Tensor& t) {
+    if (op_tracking_level() >= 2) observed_results_.push_back(t);
   }
 
  private:

@@ -22,17 +22,12 @@ struct Depth {
   ~Depth() { --t_named_depth; }
 };
 
-// A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
-// or DTensor wrapper): the autograd-level kernel sees it before that layer does.
+// An argument that is, or whose list holds, a tensor wrapped_by_python.
 bool behind_python(const c10::IValue& value) {
-  const auto wrapped = [](const at::Tensor& t) {
-    return t.defined() && t.key_set().has_any(c10::DispatchKeySet(
-                              {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
-  };
-  if (value.isTensor()) return wrapped(value.toTensor());
+  if (value.isTensor()) return wrapped_by_python(value.toTensor());
   if (value.isTensorList()) {
     for (const at::Tensor& t : value.toTensorList()) {
-      if (wrapped(t)) return true;
+      if (wrapped_by_python(t)) return true;
     }
   }
   return false;
@@ -73,9 +68,15 @@ void run_named(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 bool inside_named_op() { return t_named_depth > 0; }
 
+bool wrapped_by_python(const at::Tensor& t) {
+  return t.defined() &&
+         t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+}
+
 // One call of aten op `name` ('batch_norm_stats', 'linear_backward.out'), tracked as if its kernel were
-// ours: the ops registered from Python (python_ops) run on CPU aliases, which nothing tracks.
-void track_op(const std::string& name) {
+// ours: the ops registered from Python (python_ops) run on CPU aliases, which nothing tracks. Given its
+// neuron tensors, the call is also observed (diagnostics check it for findings); else only counted.
+void track_op(const std::string& name, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& results) {
   // Looked up once per name: the kernels that call this run once per layer or batch-norm call.
   static std::mutex mutex;
   static std::unordered_map<std::string, c10::OperatorHandle> ops;
@@ -89,7 +90,12 @@ void track_op(const std::string& name) {
   const auto& schema = *found;  // lives as long as the op: the name's pointer is stable
   CallContext ctx(schema.name().c_str());
   ctx.set_overload_name(&schema.overload_name());
-  ctx.set_count_only();  // its tensors are not at hand here
+  if (inputs.empty() && results.empty()) {
+    ctx.set_count_only();
+    return;
+  }
+  for (const at::Tensor& t : inputs) ctx.observe_input(t);
+  for (const at::Tensor& t : results) ctx.observe_result(t);
 }
 
 // Registers run_named as the neuron kernel of `names` (below autograd); of the

@@ -103,7 +103,10 @@ TORCH_LIBRARY(neuron, m) {
   m.def("_route_c10d_ops_to_fallback() -> int", []() { return route_c10d_ops_to_fallback(); });
   m.def("_route_ops_to_fallback(str[] names) -> int", &route_ops_to_fallback);
   m.def("_register_named_ops(str[] names) -> int", &register_named_ops);
-  m.def("_track_op(str name) -> ()", [](std::string name) { track_op(name); });
+  m.def("_track_op(str name, Tensor[] inputs, Tensor[] results) -> ()",
+        [](std::string name, std::vector<at::Tensor> inputs, std::vector<at::Tensor> results) {
+          track_op(name, inputs, results);
+        });
 
   // Op tracking (torch_neuronx.get_executed_ops and diagnostics).
   m.def("_set_op_tracking_level(int level) -> ()", &set_op_tracking_level);

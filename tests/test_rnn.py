@@ -328,3 +328,45 @@ def test_host_route_maps_views_of_arguments_back():
     assert torch.neuron.memory_allocated() == before
     y[0, 1] = -1.0
     assert x[1, 0].item() == -1.0
+
+
+# ---- what Trainium makes of them ----------------------------------------------------------------
+_NO_KERNEL = {"LSTM": "_thnn_fused_lstm_cell", "GRU": "_thnn_fused_gru_cell",
+              "LSTMCell": "_thnn_fused_lstm_cell", "GRUCell": "_thnn_fused_gru_cell"}
+
+
+def _call(name, module, x):
+    return module(x if name.endswith("Cell") else x.unsqueeze(0))
+
+
+@pytest.mark.parametrize("name", ["LSTM", "GRU", "LSTMCell", "GRUCell", "RNN", "RNNCell"])
+def test_the_report_says_an_lstm_or_gru_would_fail_and_an_rnn_would_not(collect, name):
+    """On a PrivateUse1 device ATen steps LSTM and GRU through fused cells: TorchNeuron has no kernel for
+    them and its CPU fallback finds no CPU kernel (its ddp_spec.json, test_ddp_packed_sequence)."""
+    import inspect
+    module = getattr(torch.nn, name)(4, 3).to(N)
+    x = torch.randn(2, 4, device=N, requires_grad=True)
+    out = module(x if name.endswith("Cell") else x.unsqueeze(0)); line = inspect.currentframe().f_lineno
+    (out[0] if isinstance(out, tuple) else out).sum().backward()
+    found = [f for f in collect().findings if f["kind"] == "no-kernel"]
+    if name not in _NO_KERNEL:
+        assert found == []
+        return
+    (finding,) = found
+    assert finding["site"] == f"{__file__}:{line}" and finding["severity"] == "would-fail"
+    assert _NO_KERNEL[name] in finding["details"][0]
+
+
+@pytest.mark.parametrize("name", ["LSTM", "GRUCell"])
+def test_trainium_semantics_raise_torchneurons_error_and_cpu_semantics_run(name):
+    import torch_neuronx
+    module = getattr(torch.nn, name)(4, 3).to(N)
+    x = torch.randn(2, 4, device=N)
+    with torch_neuronx.eager_semantics(), pytest.raises(RuntimeError) as raised:
+        _call(name, module, x)
+    assert f"Could not run 'aten::{_NO_KERNEL[name]}' with arguments from the 'CPU' backend" in str(raised.value)
+    with torch_neuronx.eager_semantics(), torch.inference_mode(), pytest.raises(RuntimeError, match="fused"):
+        torch.ops.aten._thnn_fused_lstm_cell(*(torch.randn(2, 12, device=N),) * 2, torch.randn(2, 3, device=N))
+    with torch_neuronx.eager_semantics():
+        torch.nn.RNN(4, 3).to(N)(x.unsqueeze(0))  # unfused cells: fine on Trainium
+    _call(name, module, x)  # cpu semantics: CPU's route

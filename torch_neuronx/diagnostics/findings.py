@@ -77,6 +77,11 @@ KINDS = {
         "would-fail", "TorchNeuron refuses a copy that changes the memory format of a neuron tensor (only "
         "contiguous or preserve): this copy raises", "keep the default memory format on neuron: drop "
         ".to(memory_format=torch.channels_last) / .contiguous(memory_format=...) for neuron tensors"),
+    "no-kernel": Kind(
+        "would-fail", "PyTorch's LSTM and GRU take each time step through a fused cell on a PrivateUse1 device; "
+        "TorchNeuron has no kernel for it and its CPU fallback finds no CPU kernel either: the call raises",
+        "run the LSTM or GRU on the CPU (.to('cpu') for the layer and its inputs), or write its step from "
+        "nn.Linear, torch.sigmoid and torch.tanh (nn.RNN runs on neuron)"),
     "unsupported-dtype": Kind(
         "would-fail", "TorchNeuron lowers this op through JAX, which has no such dtype: the op raises "
         "ValueError (\"Unsupported PyTorch dtype\")",
@@ -213,6 +218,11 @@ def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
         before, after = _layout(inputs[0]), _layout(results[0])
         if after.startswith("channels_last") and before != after:
             hits.append(("layout-change", f"a copy to {after} memory format"))
+    elif base in trainium_semantics.FUSED_CELL_OF:
+        hits.append(("no-kernel", f"aten::{trainium_semantics.FUSED_CELL_OF[base]}, at its first time step"))
+    elif base == "contiguous" and inputs:  # observed only for a format TorchNeuron refuses (csrc/contiguous.cpp)
+        fmt = "channels_last" if inputs[0].dim() == 4 else "channels_last_3d"
+        hits.append(("layout-change", f"contiguous(memory_format=torch.{fmt})"))
     if kind == "device":
         unsupported = sorted({str(t.dtype).replace("torch.", "") for t in neuron
                               if t.dtype in trainium_semantics.UNSUPPORTED_DTYPES})

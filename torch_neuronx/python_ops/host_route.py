@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 import torch
 from torch.utils import _pytree as pytree
 
+from torch_neuronx.python_ops import trainium_semantics
 from torch_neuronx.runtime import BACKEND_NAME, ops
 
 
@@ -79,14 +80,15 @@ def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:
     return devices.pop()
 
 
-def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = ()) -> Callable:
+def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (), refused: str | None = None) -> Callable:
     """A kernel for the composite ``op`` (named ``name`` in errors) that runs CPU's route on the
     neuron arguments' bytes. ``cpu_arguments`` are the positions the op takes on the CPU on every
     device (packed sequences' ``batch_sizes``); any other tensor must be on one neuron device.
     Random draws inside (dropout between layers) come from CPU's default generator, as on
     TorchNeuron. Traced (fake or
     functional tensors: torch.compile, export), the op decomposes as for any device but CPU, which
-    is the graph TorchNeuron's compiler is given."""
+    is the graph TorchNeuron's compiler is given. ``refused``: the error TorchNeuron's eager mode raises
+    for this op, raised here under ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``."""
     def kernel(*args):
         flat, spec = pytree.tree_flatten(list(args))
         if any(isinstance(leaf, torch.Tensor) and type(leaf) not in _PLAIN for leaf in flat):
@@ -99,14 +101,16 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = ()) -> 
         device = _device_of(name, tensors)
         if device.type != BACKEND_NAME:
             raise RuntimeError(f"{name}: the neuron kernel was given {device} tensors only")
+        if refused is not None and trainium_semantics.current() == "trainium":
+            raise RuntimeError(refused)
         for i, alias in zip(places, _IntoHost.apply(device, *tensors)):
             flat[i] = alias
         result = op(*pytree.tree_unflatten(flat, spec))
-        if name.startswith("aten::"):  # its parts ran on CPU aliases: tracked under its name
-            ops._track_op(name.partition("::")[2])
         results, result_spec = pytree.tree_flatten(result)
         outputs = [i for i, leaf in enumerate(results) if isinstance(leaf, torch.Tensor)]
         for i, adopted in zip(outputs, _OutOfHost.apply(device, *(results[i] for i in outputs))):
             results[i] = adopted
+        if name.startswith("aten::"):  # its parts ran on CPU aliases: tracked and observed under its name
+            ops._track_op(name.partition("::")[2], tensors, [results[i] for i in outputs])
         return pytree.tree_unflatten(results, result_spec)
     return kernel

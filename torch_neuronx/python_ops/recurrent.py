@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_neuronx.python_ops import trainium_semantics
 from torch_neuronx.python_ops.host_route import host_route
 
 _aten = torch.ops.aten
@@ -98,6 +99,11 @@ _LAYERS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 _CELLS = ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
 
 
+def _refused(op: str) -> str | None:
+    cell = trainium_semantics.FUSED_CELL_OF.get(op)
+    return trainium_semantics.no_cpu_kernel_error(cell) if cell else None
+
+
 def install() -> None:
     """Register the kernels for neuron (once per process)."""
     global _library
@@ -113,9 +119,10 @@ def install() -> None:
         for overload in ("input", "data"):
             op = getattr(getattr(_aten, layer), overload)
             kernels[f"{layer}.{overload}"] = host_route(
-                op, f"aten::{layer}.{overload}", cpu_arguments=(1,) if overload == "data" else ())
+                op, f"aten::{layer}.{overload}", cpu_arguments=(1,) if overload == "data" else (),
+                refused=_refused(layer))
     for cell in _CELLS:
-        kernels[cell] = host_route(getattr(_aten, cell).default, f"aten::{cell}")
+        kernels[cell] = host_route(getattr(_aten, cell).default, f"aten::{cell}", refused=_refused(cell))
     for name, kernel in kernels.items():
         # The Autograd key, so that autograd records CPU's graph; PrivateUse1 too, for calls without
         # autograd (inference mode).

@@ -105,7 +105,7 @@ def backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, co
 def _kernel(name: str, compute, single: bool):
     def kernel(*args):
         results = _on_host(compute, args)
-        ops._track_op(name)  # tracked under its name, as TorchNeuron's kernels are
+        ops._track_op(name, [], [])  # tracked under its name, as TorchNeuron's kernels are
         return results[0] if single else results
     return kernel
 

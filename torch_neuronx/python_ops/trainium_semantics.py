@@ -55,6 +55,12 @@ UNSUPPORTED_DTYPES = frozenset(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16", "uint32",
                                       "uint64") if hasattr(torch, name))
 NO_IDENTITY_REDUCTIONS = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "std_mean", "var_mean"})
+# PyTorch's LSTM and GRU, layers and cells, take each time step through a fused cell on any PrivateUse1
+# device (ATen's RNN.cpp). TorchNeuron has no kernel for it, and its CPU fallback finds no CPU kernel
+# either (its tests/pytorch_tests/specs/ddp_spec.json: test_ddp_packed_sequence).
+FUSED_CELL_OF = {"lstm": "_thnn_fused_lstm_cell", "lstm_cell": "_thnn_fused_lstm_cell",
+                 "_thnn_fused_lstm_cell": "_thnn_fused_lstm_cell", "gru": "_thnn_fused_gru_cell",
+                 "gru_cell": "_thnn_fused_gru_cell", "_thnn_fused_gru_cell": "_thnn_fused_gru_cell"}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FORMATS_OK = (None, torch.contiguous_format, torch.preserve_format)
 def _neuron(value) -> bool:
@@ -326,6 +332,8 @@ class TrainiumSemantics(TorchDispatchMode):
         kwargs = kwargs or {}
         if not _touches_neuron(args, kwargs):
             return func(*args, **kwargs)
+        if op_classes.base_name(func.name()) in ("_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"):
+            raise RuntimeError(no_cpu_kernel_error(op_classes.base_name(func.name())))
         kind = op_classes.kind_of(func)
         if kind == "move":
             _check_memory_format(func, args, kwargs)
@@ -357,6 +365,13 @@ class _InvalidChoice(TorchDispatchMode):
 
 
 _installed: TorchDispatchMode | None = None
+
+
+def no_cpu_kernel_error(cell: str) -> str:
+    """TorchNeuron's words when its CPU fallback meets an op CPU has no kernel for (CPUFallbackExecutor.cpp)."""
+    return (f"CPU fallback execution failed for 'aten::{cell}': Could not run 'aten::{cell}' with arguments from "
+            "the 'CPU' backend. TorchNeuron has no kernel for it: run the LSTM or GRU on the CPU, or write its "
+            "step from nn.Linear, torch.sigmoid and torch.tanh")
 
 
 def current() -> str:
