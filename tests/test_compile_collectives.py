@@ -45,3 +45,66 @@ def test_compiled_all_reduce_across_two_ranks(tmp_path):
             TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("OK")
+
+
+READINESS_SCRIPT = """
+    import os, sys, torch, torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch_neuronx import diagnostics
+
+    dist.init_process_group("neuron")
+    rank, broadcast = dist.get_rank(), sys.argv[1] == "broadcast"
+
+    class RowParallel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = funcol.all_reduce(self.lin(x), "sum", dist.group.WORLD)
+            g = funcol.all_gather_tensor(y, 0, dist.group.WORLD)
+            y = funcol.reduce_scatter_tensor(g, "sum", 0, dist.group.WORLD)
+            if broadcast:
+                y = funcol.broadcast(y, 0, dist.group.WORLD)  # BROADCAST LINE
+            return y * 2
+
+    torch.manual_seed(0)
+    model = RowParallel().to("neuron")
+    x = torch.randn(4, 8).to("neuron")
+    diagnostics.start()
+    out = torch.compile(model, backend="neuron", fullgraph=True)(x)
+    out.sum().backward()
+    report = diagnostics.report("Trainium2:2")
+    diagnostics.stop()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    eager = model(x)
+    eager.sum().backward()
+    torch.testing.assert_close(out.cpu(), eager.cpu())
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got.cpu(), p.grad.cpu())
+    failing = [(f["kind"], list(f["ops"]), f["site"]) for f in report.findings if f["severity"] == "would-fail"]
+    with open(os.path.join(sys.argv[2], f"findings-{rank}"), "w") as out_file:
+        out_file.write(repr(failing))
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.long  # two torchrun ranks compiling: make test-long (CI runs it)
+@pytest.mark.parametrize("variant", ["legalized", "broadcast"])
+def test_compiled_collectives_train_like_eager_and_only_broadcast_would_fail(tmp_path, variant):
+    """TorchNeuron lowers all_reduce, all_gather and reduce_scatter in a graph (CollectiveLegalization),
+    not broadcast; the backward graph's collectives run as the forward's do."""
+    from helpers import isolated
+
+    script = tmp_path / "row_parallel.py"
+    script.write_text(textwrap.dedent(READINESS_SCRIPT))
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "BROADCAST LINE" in text)
+    r = isolated.torchrun(str(script), 2, variant, str(tmp_path), TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in range(2):
+        text = (tmp_path / f"findings-{rank}").read_text()
+        if variant == "legalized":
+            assert text == "[]", (rank, text)
+        else:
+            assert text == f"[('stablehlo-lowering', ['_c10d_functional.broadcast'], '{script}:{line}')]", text

@@ -464,6 +464,14 @@ MISSING_TORCH_MLIR = """
         out = torch.compile(lambda t: t * 3, backend="neuron")(torch.ones(2, device="neuron"))
         print("OUT:", out.cpu().tolist())
         print("LOWERING:", [g["lowering"] for g in diagnostics.report("Trainium2:2").compiled_graphs])
+        torch._dynamo.reset()
+        diagnostics.start()
+        cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                  torch.nn.Linear(4 * 6 * 6, 2)).to("neuron")
+        loss = torch.compile(cnn, backend="neuron")(torch.randn(2, 3, 8, 8).to("neuron")).sum()
+        loss.backward()
+        graphs = diagnostics.report("Trainium2:2").compiled_graphs
+        print("TRAINING:", [(g["name"].endswith(".backward"), g["lowering"][:12], g["calls"]) for g in graphs])
     finally:
         diagnostics.stop()
 """
@@ -478,6 +486,8 @@ def test_without_torch_mlir_xla_says_how_to_install_and_readiness_is_not_checked
     assert lines["OUT"] == "[3.0, 3.0]"
     lowering = eval(lines["LOWERING"])  # a list literal printed above
     assert len(lowering) == 1 and lowering[0].startswith("not checked"), lowering
+    # a training graph: its forward and its backward are both listed and called, each "not checked"
+    assert sorted(eval(lines["TRAINING"])) == [(False, "not checked:", 1), (True, "not checked:", 1)], lines
 
 
 def test_an_op_left_unlowered_is_named_even_when_mlir_blames_its_constant(monkeypatch):

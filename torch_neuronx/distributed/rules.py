@@ -51,11 +51,18 @@ def flat(tensors) -> list[torch.Tensor]:
     return [t for x in tensors for t in flat(x)]
 
 
+def _inside_compiled_backward() -> bool:
+    """Whether autograd is running a compiled graph's backward (AOTAutograd's node), which runs on host
+    tensors here, as the forward does."""
+    node = torch._C._current_autograd_node()
+    return node is not None and type(node).__name__ == "CompiledFunctionBackward"
+
+
 def on_neuron(tensors) -> None:
     """TorchNeuron's group finds its stream from the call's first tensor: any other device is refused.
     Not inside a compiled graph: TorchNeuron lowers its collectives into the graph (they never reach
     the group's methods), and here the graph runs on host aliases of the neuron tensors."""
-    if ops._inside_compiled_call():
+    if ops._inside_compiled_call() or _inside_compiled_backward():
         return
     for t in flat(tensors):
         if t.device.type != BACKEND_NAME:

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifacts_preserved
-from torch_neuronx.neuron_dynamo_backend.faithful import artifacts, lowering, lowering_worker
+from torch_neuronx.neuron_dynamo_backend.faithful import artifacts, collectives, lowering, lowering_worker
 from torch_neuronx.neuron_dynamo_backend.faithful.decompositions import (
     attention_as_math,
     attention_as_on_neuron,
@@ -115,10 +115,15 @@ def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: Comp
     lowered now, not at the first backward call."""
     def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
         hand_over_backward(settings, aot_gm, aot_inputs, kind)
+        checked = copy_graph(aot_gm)
+        collectives.stand_in(checked)  # lowered by TorchNeuron's own torch-mlir: see collectives.py
         try:
-            lower_shaped(shape_for_lowering(copy_graph(aot_gm)), settings, kind)
+            lower_shaped(shape_for_lowering(checked), settings, kind)
         except lowering.LoweringError:
             pass  # reported through on_lowered
+        except lowering.FrontEndMissing as missing:  # this graph is "not checked"; AOTAutograd carries on
+            if settings.on_lowered is not None:
+                settings.on_lowered(missing, 0.0, kind)
         return aot_gm.forward
 
     through_aot(gm, example_inputs, lower_one, backward_now=True)

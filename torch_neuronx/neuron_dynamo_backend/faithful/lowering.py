@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from torch_neuronx.runtime import frames
+
 INSTALL_HINT = ('pip install --no-build-isolation "torch-neuronx-cpu[faithful]" (torch-mlir==20261001 and '
                 'jax==0.10.2)')
 _TO_BACKEND_PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -27,7 +29,10 @@ _TO_BACKEND_PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-o
 _TO_STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=true})"
 # The first file:line in a location (its innermost frame), plain, fused or in a call site.
 _LOCATION = re.compile(r'"(?P<file>[^"]+)":(?P<line>\d+):\d+')
-_OP_NAMES = (re.compile(r'name = "torch\.(?P<op>aten\.[\w.]+)"'), re.compile(r"operation '(?:torch\.)?(?P<op>[\w.]+)'"),
+# An op the importer could not name ('torch.operator' with a name: aten or another namespace, such as
+# _c10d_functional), then a named operation, then any aten name.
+_OPERATOR_NAME = re.compile(r'name = "torch\.(?P<op>[\w.]+)"')
+_OP_NAMES = (_OPERATOR_NAME, re.compile(r"operation '(?:torch\.)?(?P<op>[\w.]+)'"),
              re.compile(r"\b(?P<op>aten[.:]+[\w.]+)"))
 
 
@@ -69,11 +74,17 @@ def site_of(node: torch.fx.Node | None) -> str:
 
 
 def site_from_trace(trace: str | None) -> str:
-    """The file:line of a stack trace's last frame."""
+    """The file:line of a stack trace's innermost frame of the user's code (else its last frame): a
+    collective's trace ends inside torch.distributed."""
     if not trace:
         return ""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
-    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+    return _users_or_first(re.findall(r'File "([^"]+)", line (\d+)', trace)[::-1])
+
+
+def _users_or_first(places: list[tuple[str, str]]) -> str:
+    """'file:line' of the first of (file, line) ``places`` outside the libraries, else of the first."""
+    chosen = next((p for p in places if not frames.is_library(p[0], stdlib=True)), places[0] if places else None)
+    return f"{chosen[0]}:{chosen[1]}" if chosen else ""
 
 
 def with_source(site: str) -> str:
@@ -122,8 +133,7 @@ def _first_unlowered(module, default: tuple[str, str]) -> tuple[str, str]:
 
 
 def _site_of_location(location: str) -> str:
-    match = _LOCATION.search(location)
-    return f"{match.group('file')}:{match.group('line')}" if match else ""
+    return _users_or_first([(m.group("file"), m.group("line")) for m in _LOCATION.finditer(location)])
 
 
 def _count_ops(module) -> dict[str, int]:
@@ -218,7 +228,7 @@ def _run_stage(module, stage: str, pipeline: str, diagnostics: list[tuple[str, s
     except Exception as error:
         location, message = _first_error(diagnostics, str(error).strip().splitlines()[0])
         op = _op_name(message)
-        if not op.startswith("aten."):  # e.g. a constant left behind by the op that did not lower
+        if not op.startswith("aten.") and not _OPERATOR_NAME.search(message):  # e.g. a constant left behind
             op, location = _first_unlowered(module, (op, location))
         raise LoweringError(op, stage, _site_of_location(location), message.splitlines()[0]) from None
 
