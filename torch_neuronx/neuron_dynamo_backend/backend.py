@@ -25,7 +25,7 @@ import torch._dynamo
 
 from torch_neuronx.neuron_dynamo_backend import bridge, config, executors, host_graph
 from torch_neuronx.neuron_dynamo_backend import metrics as graph_metrics
-from torch_neuronx.neuron_dynamo_backend.caching import graph_cache, precompile
+from torch_neuronx.neuron_dynamo_backend.caching import precompile
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.runtime import hooks, warn_once
 
@@ -69,20 +69,21 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     observer = hooks.compiled_graph_observer  # diagnostics, when they observe: cost each call of this graph
     try:
         start = time.perf_counter()
-        if _has_subclasses(example_inputs):
-            return _compile_unwrapping_subclasses(gm, example_inputs, metrics)
-        if observer is not None:
-            observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
-        host = host_graph.for_host(gm, example_inputs)
-        metrics.fx_passes_us = (time.perf_counter() - start) * 1e6
         name = config.executor(options)
-        readiness_s = _lower_for_readiness(host, settings) if name == "inductor" else 0.0
-        compiled, packaged = executors.executor_module(name).compile_graph(host, settings, metrics)
-        metrics.lower_us += readiness_s * 1e6
+        if _has_subclasses(example_inputs):
+            call, packaged = _compile_unwrapping_subclasses(gm, example_inputs, name, settings, metrics, observer), False
+        else:
+            if observer is not None:
+                observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
+            host = host_graph.for_host(gm, example_inputs)
+            metrics.fx_passes_us = (time.perf_counter() - start) * 1e6
+            readiness_s = _lower_for_readiness(host.gm, host.inputs, settings, None) if name == "inductor" else 0.0
+            compiled, packaged = executors.executor_module(name).compile_graph(host, settings, metrics)
+            metrics.lower_us += readiness_s * 1e6
+            call = bridge.run_graph_on_neuron(compiled, host.lifted)
     except Exception as error:
         return _fall_back(error, gm, metrics, config.fallback_allowed(options))
-    call = bridge.apply_device_rules(bridge.run_graph_on_neuron(compiled, host.lifted), config.refuse_cpu_inputs(),
-                                     config.retain_device_mode())
+    call = bridge.apply_device_rules(call, config.refuse_cpu_inputs(), config.retain_device_mode())
     if packaged:
         call = precompile.saving_on_first_call(call)
     return call if observer is None else observer.count_calls(metrics.graph_name, call)
@@ -103,20 +104,25 @@ def _settings(gm: torch.fx.GraphModule, options: dict[str, Any]) -> tuple[config
     return settings, metrics
 
 
-def _lower_for_readiness(host: host_graph.HostGraph, settings: config.CompileSettings) -> float:
+def _lower_for_readiness(gm: torch.fx.GraphModule, inputs, settings: config.CompileSettings,
+                         kind: str | None) -> float:
     """The readiness step: while the report observes (``settings.on_lowered``) or artifacts are kept,
     a graph Inductor runs is also lowered to StableHLO as TorchNeuron would (the xla executor lowers
-    it anyway). Whatever happens here, the graph still compiles and runs. Returns the seconds taken."""
+    it anyway): a Dynamo graph (``kind`` None) through AOTAutograd, or one graph AOTAutograd already
+    made (its ``kind``). Whatever happens here, the graph still compiles and runs. Returns the seconds taken."""
     if settings.on_lowered is None and not config.artifacts_preserved():
         return 0.0
     from torch_neuronx.neuron_dynamo_backend import faithful
 
     start = time.perf_counter()
     try:
-        faithful.lower_for_readiness(host_graph.copy_graph_module(host.gm), host.inputs, settings)
+        if kind is None:
+            faithful.lower_for_readiness(host_graph.copy_graph_module(gm), inputs, settings)
+        else:
+            faithful.lower_aot_graph(gm, inputs, settings, kind)
     except Exception as error:  # noqa: BLE001 - a check, never a failure of the compile
         if settings.on_lowered is not None:
-            settings.on_lowered(error, 0.0, "graph")
+            settings.on_lowered(error, 0.0, kind or "graph")
         else:
             warn_once(("lowering", type(error).__name__), f"torch_neuronx: {config.PRESERVE_ARTIFACTS_ENV} is "
                       f"set, but the graph could not be lowered to StableHLO: {error}")
@@ -143,36 +149,38 @@ def _has_subclasses(example_inputs) -> bool:
     return any(is_traceable_wrapper_subclass(x) for x in example_inputs)
 
 
-def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs,
-                                   metrics: graph_metrics.GraphMetrics) -> Callable:
-    """A graph with tensor-subclass inputs (the DTensor parameters of a tensor-parallel model),
-    for inference. AOTAutograd unwraps the subclasses on the neuron fakes, where their device
-    mesh is neuron, and hands over a plain graph (collectives as functional ops), which is
-    rewritten to CPU and compiled like any other. Not kept in the NEFF cache (Inductor's own
-    FX-graph cache still applies): the key would need the subclasses' metadata."""
-    from torch._functorch.aot_autograd import aot_module_simplified
+def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, executor: str,
+                                   settings: config.CompileSettings, metrics: graph_metrics.GraphMetrics,
+                                   observer) -> Callable:
+    """A graph with tensor-subclass inputs (the DTensor parameters of a tensor-parallel model), for
+    inference and training. AOTAutograd unwraps the subclasses on the neuron fakes, where their device
+    mesh is neuron, and hands over plain graphs (the forward and the backward, or the inference graph;
+    DTensor's collectives as functional ops), each with this rank's shapes. Each goes the way of any
+    graph: recorded and lowered for the report, rewritten to CPU and compiled by the chosen executor."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
     from torch._guards import detect_fake_mode
-    from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
 
-    def compile_plain(plain: torch.fx.GraphModule, plain_inputs):
+    module = executors.executor_module(executor)
+
+    def compile_plain(plain: torch.fx.GraphModule, plain_inputs, kind: str) -> Callable:
         metrics.has_collectives = metrics.has_collectives or _has_collectives(plain)  # DTensor's, now explicit
+        if observer is not None and kind != "backward":
+            observer.record_compiled_graph(metrics.graph_name, plain, plain_inputs)
         fake_mode = detect_fake_mode(plain_inputs)
         host_graph.rewrite_to_cpu(plain, fake_mode)
-        with graph_cache.inductor_settings():
-            output_code = compile_fx_inner(plain, host_graph.cpu_example_inputs(plain_inputs, fake_mode))
-        return bridge.run_graph_on_neuron(lambda *args: output_code(list(args)))
+        cpu_inputs = host_graph.cpu_example_inputs(plain_inputs, fake_mode)
+        if executor == "inductor":  # the xla executor lowers (and hands the backward over) itself
+            metrics.lower_us += _lower_for_readiness(plain, cpu_inputs, settings, kind) * 1e6
+        compiled = module.compile_plain_graph(plain, cpu_inputs, settings, metrics, kind)
+        return make_boxed_func(bridge.run_graph_on_neuron(compiled))
 
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-        raise NotImplementedError(
-            "training through a compiled graph with tensor-subclass inputs (DTensor parameters of a "
-            "tensor-parallel model) is not supported on neuron yet; compile it for inference "
-            "(torch.no_grad()), or train it eagerly")
     start = time.perf_counter()
-    compiled = aot_module_simplified(gm, example_inputs, fw_compiler=compile_plain, inference_compiler=compile_plain,
-                                     decompositions=select_decomp_table(), keep_inference_input_mutations=True)
-    metrics.compile_us = (time.perf_counter() - start) * 1e6
-    metrics.cache = "uncached"
+    compiled = aot_module_simplified(
+        gm, example_inputs, fw_compiler=functools.partial(compile_plain, kind="forward"),
+        bw_compiler=functools.partial(compile_plain, kind="backward"),
+        inference_compiler=functools.partial(compile_plain, kind="inference"),
+        decompositions=module.decompositions(), keep_inference_input_mutations=True)
+    metrics.compile_us = max(metrics.compile_us, (time.perf_counter() - start) * 1e6)
     return compiled
 
 

@@ -30,3 +30,25 @@ def compile_graph(host: HostGraph, settings: CompileSettings, metrics: GraphMetr
     packaged = (precompile.active() and bool(host.backend_id) and not host.lifted
                 and precompile.record_graph(host.backend_id, compiled))
     return compiled, packaged
+
+
+def decompositions() -> dict:
+    """The table AOTAutograd decomposes with for this executor: Inductor's own."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def compile_plain_graph(plain, cpu_inputs, settings: CompileSettings, metrics: GraphMetrics, kind: str) -> Callable:
+    """A graph AOTAutograd made of a graph with tensor-subclass inputs (DTensor), rewritten to CPU:
+    compiled by Inductor as compile_fx compiles each graph it hands over. Not kept in the NEFF cache
+    (Inductor's own FX-graph cache still applies): the key would need the subclasses' metadata."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    start = time.perf_counter()
+    with graph_cache.inductor_settings():
+        output_code = compile_fx_inner(plain, cpu_inputs, is_backward=kind == "backward",
+                                       is_inference=kind == "inference")
+    metrics.compile_us += (time.perf_counter() - start) * 1e6
+    metrics.cache = "uncached"
+    return lambda *args: output_code(list(args))

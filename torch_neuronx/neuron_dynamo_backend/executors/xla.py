@@ -128,17 +128,52 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
     xla_program.require_jax()
 
     def compile_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
-        faithful.hand_over_backward(settings, aot_gm, aot_inputs, kind)
-        stats.graphs += 1
-        shaped = faithful.shape_for_lowering(aot_gm)
-        lower_s, compile_s = stats.lower_s, stats.compile_s
-        try:
-            program = _program(shaped, aot_inputs, settings, stats, kind)
-        except lowering.LoweringError as error:  # a backward graph is compiled at the first backward
-            raise NEFFCompilationError(str(error)) from error
-        if stats.metrics is not None and stats.graphs > 1:
-            stats.metrics.lower_us += (stats.lower_s - lower_s) * 1e6
-            stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
-        return _runner(shaped, program)
+        return compile_aot_graph(aot_gm, aot_inputs, settings, stats, kind)
 
     return faithful.through_aot(gm, example_inputs, compile_one, wrap=faithful.outside_dynamo)
+
+
+def compile_aot_graph(aot_gm: torch.fx.GraphModule, aot_inputs, settings: CompileSettings, stats: CompileStats,
+                      kind: str) -> Callable:
+    """One graph AOTAutograd handed over (``kind``: forward, backward or inference), on CPU fakes:
+    lowered, compiled by XLA:CPU (or read from the cache) and wrapped to run on CPU tensors."""
+    faithful.hand_over_backward(settings, aot_gm, aot_inputs, kind)
+    stats.graphs += 1
+    shaped = faithful.shape_for_lowering(aot_gm)
+    lower_s, compile_s = stats.lower_s, stats.compile_s
+    try:
+        program = _program(shaped, aot_inputs, settings, stats, kind)
+    except lowering.LoweringError as error:  # a backward graph is compiled at the first backward
+        raise NEFFCompilationError(str(error)) from error
+    if stats.metrics is not None and stats.graphs > 1:
+        stats.metrics.lower_us += (stats.lower_s - lower_s) * 1e6
+        stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
+    return _runner(shaped, program)
+
+
+def decompositions() -> dict:
+    """The table AOTAutograd decomposes with for this executor: TorchNeuron's."""
+    return faithful.decomposition_table()
+
+
+def compile_plain_graph(plain: torch.fx.GraphModule, cpu_inputs, settings: CompileSettings, metrics: GraphMetrics,
+                        kind: str) -> Callable:
+    """A graph AOTAutograd made of a graph with tensor-subclass inputs (DTensor), rewritten to CPU:
+    lowered and compiled as any AOTAutograd graph here. A collective in it does not lower (XLA:CPU
+    runs one process's program): the compile fails naming it."""
+    lowering.require_torch_mlir()
+    xla_program.require_jax()
+    collective = next((n for n in plain.graph.nodes if n.op == "call_function" and "c10d" in str(n.target)), None)
+    if collective is not None:
+        raise NEFFCompilationError(
+            f"the xla executor runs a graph as one XLA:CPU program of this process, and this tensor-parallel "
+            f"graph calls {collective.target} (at {lowering.with_source(lowering.site_of(collective)) or 'its graph'}), "
+            "which needs the other ranks. Compile it with the inductor executor (the default; the readiness "
+            "report still lowers it as TorchNeuron does), or run it eagerly with fallback_execution")
+    stats = CompileStats(metrics=metrics)
+    start = time.perf_counter()
+    runner = compile_aot_graph(plain, cpu_inputs, settings, stats, kind)  # boxed: takes one list
+    metrics.lower_us += stats.lower_s * 1e6
+    metrics.compile_us += (time.perf_counter() - start - stats.lower_s) * 1e6
+    metrics.cache = "hit" if stats.hits else "miss"
+    return lambda *args: runner(list(args))

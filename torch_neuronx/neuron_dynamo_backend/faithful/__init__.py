@@ -114,19 +114,40 @@ def lower_for_readiness(gm: torch.fx.GraphModule, example_inputs, settings: Comp
     only: each result goes to ``settings.on_lowered``; nothing is compiled or run. The backward is
     lowered now, not at the first backward call."""
     def lower_one(aot_gm: torch.fx.GraphModule, aot_inputs, kind: str) -> Callable:
-        hand_over_backward(settings, aot_gm, aot_inputs, kind)
-        checked = copy_graph(aot_gm)
-        collectives.stand_in(checked)  # lowered by TorchNeuron's own torch-mlir: see collectives.py
-        try:
-            lower_shaped(shape_for_lowering(checked), settings, kind)
-        except lowering.LoweringError:
-            pass  # reported through on_lowered
-        except lowering.FrontEndMissing as missing:  # this graph is "not checked"; AOTAutograd carries on
-            if settings.on_lowered is not None:
-                settings.on_lowered(missing, 0.0, kind)
+        lower_aot_graph(aot_gm, aot_inputs, settings, kind)
         return aot_gm.forward
 
     through_aot(gm, example_inputs, lower_one, backward_now=True)
+
+
+def lower_aot_graph(aot_gm: torch.fx.GraphModule, aot_inputs, settings: CompileSettings, kind: str) -> None:
+    """Lower one graph AOTAutograd made (``kind``: forward, backward or inference) for the report and the
+    artifacts: a copy, its functional collectives as TorchNeuron's torch-mlir takes them (see
+    collectives.py); each result goes to ``settings.on_lowered``. A backward graph is handed over first."""
+    hand_over_backward(settings, aot_gm, aot_inputs, kind)
+    checked = copy_graph(aot_gm)
+    collectives.stand_in(checked)
+    _drop_opaque_inputs(checked)
+    try:
+        lower_shaped(shape_for_lowering(checked), settings, kind)
+    except lowering.LoweringError:
+        pass  # reported through on_lowered
+    except lowering.FrontEndMissing as missing:  # this graph is "not checked"; AOTAutograd carries on
+        if settings.on_lowered is not None:
+            settings.on_lowered(missing, 0.0, kind)
+
+
+def _drop_opaque_inputs(gm: torch.fx.GraphModule) -> None:
+    """Inputs that are not tensors (the opaque objects a DTensor's metadata becomes when AOTAutograd
+    unwraps it) and that only pass through to the results: no program input, a None result. The graph
+    is lowered for the report, never run."""
+    output = gm.graph.find_nodes(op="output")[0]
+    for node in list(gm.graph.find_nodes(op="placeholder")):
+        if isinstance(node.meta.get("val"), torch.Tensor) or set(node.users) - {output}:
+            continue
+        output.args = (tuple(None if r is node else r for r in output.args[0]),)
+        gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
