@@ -161,8 +161,9 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 // `param.data = t` between CPU and neuron (model offloading does it): torch's
-// own check knows only its built-in dense backends.
+// own check knows only its built-in dense backends. Tracked, as TorchNeuron's kernel is.
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  track_op("_has_compatible_shallow_copy_type");
   auto dense = [](const at::Tensor& t) {
     return t.layout() == at::kStrided && (t.device().is_cpu() || t.device().type() == kNeuron);
   };

@@ -105,3 +105,17 @@ def test_overloads_only_torchneurons_jax_registry_has_decompose_as_in_its_torch_
     assert not any("ScalarSelf" in op for op in torch_neuronx.get_executed_ops())
     assert torch.equal(out.cpu(), torch.where(x > 0, 1.0, x))
     assert "repeat_interleave.self_int" not in torchneuron_kernels.named_composites()
+
+
+def test_data_assignment_across_devices_is_tracked_as_torchneurons_kernel():
+    """tests/operations/test_has_compatible_shallow_copy_type.py: TorchNeuron's kernel answers for a
+    neuron argument, and is tracked; between CPU tensors it is CPU's business."""
+    x = torch.randn(10, 5)
+    y = x.to("neuron")
+    torch_neuronx.clear_op_tracking()
+    a, b = torch.randn(2), torch.randn(2)
+    a.data = b
+    assert torch_neuronx.get_executed_ops() == []
+    x.data = y
+    assert torch_neuronx.get_executed_ops() == ["aten::_has_compatible_shallow_copy_type"]
+    assert x.device.type == "neuron" and torch.equal(x.cpu(), y.cpu())
