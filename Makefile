@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CORE_SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py pyproject.toml
 
-.PHONY: all setup demo test test-long test-isa bench bench-real-size sweep-xla torchneuron-suite clean
+.PHONY: all setup demo test lint test-long test-isa bench bench-real-size sweep-xla torchneuron-suite clean
 
 all: test
 
@@ -40,8 +40,12 @@ demo: setup
 
 # One worker per core, each taking whole files (module fixtures, such as a shared compile
 # cache, stay in one process).
-test: setup
+test: setup lint
 	$(PY) -m pytest -q -n auto --dist loadfile -m "not long"
+
+# ruff, with the rules in pyproject.toml (make test runs it first; CI through make test).
+lint: setup
+	$(VENV)/bin/ruff check torch_neuronx torch_neuronx_pytest tests benchmarks examples .ci
 
 # The tests marked long (training under the xla executor, the newest stand-ins under it, the seed's
 # main job compiled, 20 short processes, diffusers tensor parallel, compiler crashes: minutes of

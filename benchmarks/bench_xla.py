@@ -145,7 +145,7 @@ def measure_forward(budget_s, lowering_rows):
         "metrics": xla_metrics, "metrics_lower_s": sum(m["lower_us"] for m in xla_metrics) / 1e6,
         "caches": [m["cache"] for m in xla_metrics], "wall_s": first_call_s["xla"]})
     diffs = {v: _max_diff(outputs[v], outputs["cpu_eager"]) for v in EXECUTORS}
-    print(f"  transformer fwd: first calls " + ", ".join(f"{v} {first_call_s[v]:.1f} s" for v in VARIANTS)
+    print("  transformer fwd: first calls " + ", ".join(f"{v} {first_call_s[v]:.1f} s" for v in VARIANTS)
           + "; max abs diff vs CPU eager " + ", ".join(f"{v} {diffs[v]:.3g}" for v in EXECUTORS),
           file=sys.stderr, flush=True)
     fns = {v: variants[v] for v in VARIANTS}

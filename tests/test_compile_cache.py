@@ -2,12 +2,10 @@
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import warnings
 
 import pytest
-import torch
 
 from torch_neuronx import neuron_cache
 from torch_neuronx.neuron_dynamo_backend.caching import neff_cache as cc

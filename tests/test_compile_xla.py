@@ -13,8 +13,6 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-import torch_neuronx
-from torch_neuronx import diagnostics
 from torch_neuronx import neuron_dynamo_backend as backend
 from torch_neuronx.neuron_dynamo_backend import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend import faithful as front_end

@@ -73,7 +73,6 @@ def test_concurrent_allocations_and_frees_are_counted_exactly(quiet_device):
     assert stat("allocation.all.allocated") == stat("allocation.all.freed") == threads * per_thread
     assert stat("allocated_bytes.all.freed") == stat("allocated_bytes.all.allocated") == threads * per_thread * 1024
     assert stat("allocation.small_pool.current") == stat("allocation.all.current")
-    del x
 
 
 def test_results_of_cpu_kernels_and_views_are_counted(quiet_device):

@@ -1,10 +1,7 @@
 """python -m torch_neuronx.simulate: a torchrun program as N ranks in one process, its plan checked
 against values computed here from the programs' own sizes and the hardware table, the numerics
 against one device (the simulator's own reference run), and bad input."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 

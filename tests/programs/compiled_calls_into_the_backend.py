@@ -4,7 +4,6 @@ torch.neuron's queries and the diagnostics. Run with TORCH_LOGS=dynamo: no frame
 may appear as traced. Prints the losses of the train step, and the other results, as JSON."""
 import copy
 import json
-import os
 import sys
 
 import torch

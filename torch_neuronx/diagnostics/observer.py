@@ -243,7 +243,7 @@ def record_error(error: BaseException) -> bool:
     collector.detector.add(finding.kind, finding.op, finding.site, finding.detail)
     return True
 
-_observer_library = torch.library.Library(BACKEND_NAME, "IMPL")  # noqa: the core calls neuron::_observe_op
+_observer_library = torch.library.Library(BACKEND_NAME, "IMPL")  # the core calls neuron::_observe_op
 _observer_library.impl("_observe_op", _observe, "CPU")
 
 

@@ -24,7 +24,6 @@ import os
 import socket
 import time
 
-import torch
 import torch.distributed as dist
 
 from torch_neuronx.distributed.process_group import ProcessGroupNeuron

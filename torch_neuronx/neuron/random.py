@@ -2,7 +2,7 @@
 independent of the CPU generator (``torch.manual_seed`` seeds both)."""
 import torch
 
-from torch_neuronx.neuron._device import _get_device_index, current_device, device_count
+from torch_neuronx.neuron._device import _get_device_index, device_count
 from torch_neuronx.runtime import ops as _ops
 
 
