@@ -374,8 +374,15 @@ def test_compiled_training_through_dtensor_parameters_gives_eagers_gradients():
         x = torch.randn(2, 4).to("neuron")
         with torch.no_grad():
             assert torch.allclose(compiled(x).cpu(), layer(x).cpu())
-        compiled(x).pow(2).sum().backward()
+        loss = compiled(x).pow(2).sum()
+        inference, forward = torch.neuron.get_dynamo_metrics()
+        loss.backward()
         got = [p.grad.full_tensor().cpu().clone() for p in layer.parameters()]
+        # Two graphs, the inference one and the training one; the backward compiled at the first
+        # backward and added its time to the training graph's.
+        training = torch.neuron.get_dynamo_metrics()[1]
+        assert inference["compile_us"] > 0 and training["compile_us"] > forward["compile_us"] > 0, (forward, training)
+        assert not inference["fell_back"] and not training["fell_back"], (inference, training)
         layer.zero_grad()
         layer(x).pow(2).sum().backward()
         for g, p in zip(got, layer.parameters()):

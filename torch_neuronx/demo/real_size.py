@@ -137,10 +137,6 @@ def _fill(module: torch.nn.Module, generator: torch.Generator, dtype: torch.dtyp
             done[id(param)] = submodule._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
 
 
-def parameter_bytes(module: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
-
-
 def build_component(name: str, depth: Depth = Depth(), seed: int = 0, dtype: torch.dtype = torch.bfloat16):
     """One component with random weights, on the host."""
     module = _meta_component(name, depth)
@@ -161,17 +157,6 @@ def _scheduler():
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     return FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
-
-
-def build_pipeline(depth: Depth = Depth(), seed: int = 0, dtype: torch.dtype = torch.bfloat16):
-    """The whole pipeline in memory (16.7 GB at full depth)."""
-    from diffusers import Flux2KleinPipeline
-
-    from torch_neuronx.demo.tokenizer import byte_level_tokenizer
-
-    components = {name: build_component(name, depth, seed, dtype) for name in COMPONENTS}
-    return Flux2KleinPipeline(scheduler=_scheduler(), tokenizer=byte_level_tokenizer(), is_distilled=True,
-                              **components)
 
 
 def _meta_pipeline(depth: Depth):

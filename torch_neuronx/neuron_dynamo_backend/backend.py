@@ -55,8 +55,7 @@ def _check_arguments(example_inputs, mode: str | None, options: dict[str, Any] |
 
 
 def _has_collectives(gm: torch.fx.GraphModule) -> bool:
-    return any(node.op == "call_function" and "c10d" in str(getattr(node.target, "namespace", node.target))
-               for node in gm.graph.nodes)
+    return host_graph.first_collective(gm) is not None
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,
@@ -162,7 +161,16 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
 
     module = executors.executor_module(executor)
 
+    inside_s = [0.0]  # the plain graphs' own compiles, which their executor adds to metrics
+
     def compile_plain(plain: torch.fx.GraphModule, plain_inputs, kind: str) -> Callable:
+        entered = time.perf_counter()
+        try:
+            return _compile_plain(plain, plain_inputs, kind)
+        finally:
+            inside_s[0] += time.perf_counter() - entered
+
+    def _compile_plain(plain: torch.fx.GraphModule, plain_inputs, kind: str) -> Callable:
         metrics.has_collectives = metrics.has_collectives or _has_collectives(plain)  # DTensor's, now explicit
         if observer is not None and kind != "backward":
             observer.record_compiled_graph(metrics.graph_name, plain, plain_inputs)
@@ -180,7 +188,9 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
         bw_compiler=functools.partial(compile_plain, kind="backward"),
         inference_compiler=functools.partial(compile_plain, kind="inference"),
         decompositions=module.decompositions(), keep_inference_input_mutations=True)
-    metrics.compile_us = max(metrics.compile_us, (time.perf_counter() - start) * 1e6)
+    # AOTAutograd's own tracing and partitioning, on top of the graphs' compiles (a backward compiled
+    # later, at the first backward, adds its own then).
+    metrics.compile_us += (time.perf_counter() - start - inside_s[0]) * 1e6
     return compiled
 
 

@@ -47,6 +47,12 @@ def _cpu_fake(value: Any, fake_mode, keep_grad: bool = False) -> Any:
     return cpu
 
 
+def first_collective(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The graph's first call of a c10d collective (functional or not), or None."""
+    return next((node for node in gm.graph.nodes if node.op == "call_function"
+                 and "c10d" in str(getattr(node.target, "namespace", node.target))), None)
+
+
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of Dynamo's graph to rewrite for the host, with what AOTAutograd reads from Dynamo
     (the graph's meta, its parameters' and each input's source). Each node's meta dict is a

@@ -16,6 +16,7 @@ from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifact
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend.executors import xla_program
 from torch_neuronx.neuron_dynamo_backend.faithful import lowering
+from torch_neuronx.neuron_dynamo_backend import host_graph
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
 from torch_neuronx.version import __version__
@@ -163,7 +164,7 @@ def compile_plain_graph(plain: torch.fx.GraphModule, cpu_inputs, settings: Compi
     runs one process's program): the compile fails naming it."""
     lowering.require_torch_mlir()
     xla_program.require_jax()
-    collective = next((n for n in plain.graph.nodes if n.op == "call_function" and "c10d" in str(n.target)), None)
+    collective = host_graph.first_collective(plain)
     if collective is not None:
         raise NEFFCompilationError(
             f"the xla executor runs a graph as one XLA:CPU program of this process, and this tensor-parallel "
