@@ -116,6 +116,7 @@ c10::Storage CallContext::neuron_storage_for(const c10::Storage& cpu_storage) {
   if (c10::StorageImpl* neuron_storage = aliased_neuron_storage(cpu_storage)) {
     return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(neuron_storage));
   }
+  count_allocation();
   c10::Storage adopted(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), cpu_storage.nbytes(), adopt_storage(cpu_storage, output_device()),
       neuron_allocator(), /*resizable=*/true));
@@ -143,6 +144,7 @@ at::Tensor CallContext::retag_fresh_result(const at::Tensor& r) {
   // Nothing else holds this result or its storage (so it is no alias storage,
   // which storages_ holds too): it becomes the neuron tensor itself, memory
   // adopted in place and backend keys switched, with no new objects.
+  count_allocation();
   auto* impl = r.unsafeGetTensorImpl();
   auto* storage = impl->storage().unsafeGetStorageImpl();
   const auto index = output_device();

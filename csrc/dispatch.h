@@ -27,6 +27,10 @@ extern const char kCompiledGraphCall[];
 void set_op_tracking_level(int64_t level);
 std::tuple<std::vector<std::string>, std::vector<int64_t>> op_counts();
 void clear_op_counts();
+// A neuron tensor got memory of its own (an op's fresh result, an empty): TorchNeuron's kernels
+// allocate each one through its empty_strided kernel, which its op tracking lists.
+void count_allocation() noexcept;
+bool allocated_since_clear();
 
 // named_ops.cpp: ops tracked under TorchNeuron's name while their composite runs.
 int64_t register_named_ops(const std::vector<std::string>& names);

@@ -76,6 +76,7 @@ struct NeuronFunctional final : Kernel {
                               at::TensorOptions options) override {
     const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
     const auto dtype = options.dtype().toScalarType();
+    count_allocation();
     output = strides.empty()
                  ? at::detail::empty_generic(sizes, neuron_allocator(), keys, dtype, options.memory_format_opt())
                  : at::detail::empty_strided_generic(sizes, strides, neuron_allocator(), keys, dtype);

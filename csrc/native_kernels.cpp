@@ -33,6 +33,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   check_strided(layout, "empty");
   CallContext ctx("aten::empty.memory_format");  // tracked, as TorchNeuron's allocation ops are
   DeviceScope scope(target_index(device));
+  count_allocation();
   return at::detail::empty_generic(size, neuron_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -43,6 +44,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   check_strided(layout, "empty_strided");
   CallContext ctx("aten::empty_strided");
   DeviceScope scope(target_index(device));
+  count_allocation();
   return at::detail::empty_strided_generic(size, stride, neuron_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));

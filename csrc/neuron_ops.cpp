@@ -113,6 +113,7 @@ TORCH_LIBRARY(neuron, m) {
   m.def("_op_tracking_level() -> int", []() -> int64_t { return op_tracking_level(); });
   m.def("_op_counts() -> (str[], int[])", &op_counts);
   m.def("_clear_op_counts() -> ()", &clear_op_counts);
+  m.def("_allocated_since_clear() -> bool", &allocated_since_clear);
   // The diagnostics observer's ops (_observe_op, _observer_*) are defined in op_tracking.cpp.
 
   // DLPack: a CPU tensor over a neuron tensor's bytes.

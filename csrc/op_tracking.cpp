@@ -33,6 +33,7 @@ std::unordered_map<const char*, OpCount> g_counts;
 
 // Ops the observer itself runs (its range checks, the Python detector's) are not the user's.
 thread_local bool t_in_observer = false;
+std::atomic<bool> g_allocated{false};
 
 // ---- level 2: diagnostics' per-call bookkeeping ------------------------------------------
 // Each distinct signature (op, and each tensor argument's and result's dtype, device type and
@@ -259,7 +260,14 @@ static std::tuple<std::vector<double>, std::vector<int64_t>> observer_timeline()
 void clear_op_counts() {
   std::lock_guard<std::mutex> lock(g_counts_mutex);
   g_counts.clear();
+  g_allocated.store(false, std::memory_order_relaxed);
 }
+
+void count_allocation() noexcept {
+  if (op_tracking_level() != 0 && !t_in_observer) g_allocated.store(true, std::memory_order_relaxed);
+}
+
+bool allocated_since_clear() { return g_allocated.load(std::memory_order_relaxed); }
 
 // Diagnostics' side (torch_neuronx.diagnostics.observer).
 TORCH_LIBRARY_FRAGMENT(neuron, m) {

@@ -56,8 +56,13 @@ def test_executed_and_fallback_ops_and_clear():
     for _ in range(3):
         a @ b
     a + a
-    assert torch_neuronx.get_executed_ops() == ["aten::add.Tensor", "aten::mm"]
+    # the results' allocations listed as TorchNeuron's kernels make them, and only listed
+    assert torch_neuronx.get_executed_ops() == ["aten::add.Tensor", "aten::empty_strided", "aten::mm"]
     assert diagnostics.get_op_counts() == {"aten::add.Tensor": 1, "aten::mm": 3}
+    torch_neuronx.clear_op_tracking()
+    a.add_(1)
+    a.view(-1)[:3].t()  # in place and views: no memory of their own
+    assert torch_neuronx.get_executed_ops() == ["aten::add_.Tensor"]
     assert torch_neuronx.get_fallback_ops() == []
     torch.sort(torch.ones(5, device=N))  # TorchNeuron has no sort kernel: a CPU fallback there
     assert "aten::sort.values_stable" in torch_neuronx.get_executed_ops() or \

@@ -35,7 +35,8 @@ def test_a_composite_is_tracked_once_under_its_name_and_equals_cpu(name, call):
     torch_neuronx.clear_op_tracking()
     out = call(xn, wn)
     executed = torch_neuronx.get_executed_ops()
-    assert executed == [name], executed  # not its parts (mm, t, cat, copy_, ...)
+    # not its parts (mm, t, cat, copy_, ...); its result's allocation, as TorchNeuron lists it
+    assert executed == sorted([name, "aten::empty_strided"]), executed
     assert torch.equal(out.cpu(), call(x, w))
 
 

@@ -23,9 +23,19 @@ def get_op_counts() -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+# TorchNeuron's kernels allocate each result through its empty_strided kernel, which its op tracking
+# lists; here results adopt the host's memory instead, so the allocation is noted, not counted.
+ALLOCATION_OP = "aten::empty_strided"
+
+
 def get_executed_ops() -> list[str]:
-    """The ops that ran on neuron since the last :func:`clear_op_tracking` (sorted, unique)."""
-    return list(get_op_counts())
+    """The ops that ran on neuron since the last :func:`clear_op_tracking` (sorted, unique). As on
+    TorchNeuron, ``aten::empty_strided`` is among them once any op gave a result memory of its own
+    (:func:`get_op_counts` and the readiness report count only the ops called)."""
+    names = set(get_op_counts())
+    if ops._allocated_since_clear():
+        names.add(ALLOCATION_OP)
+    return sorted(names)
 
 
 def get_fallback_ops() -> list[str]:
