@@ -161,16 +161,7 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
 
     module = executors.executor_module(executor)
 
-    inside_s = [0.0]  # the plain graphs' own compiles, which their executor adds to metrics
-
     def compile_plain(plain: torch.fx.GraphModule, plain_inputs, kind: str) -> Callable:
-        entered = time.perf_counter()
-        try:
-            return _compile_plain(plain, plain_inputs, kind)
-        finally:
-            inside_s[0] += time.perf_counter() - entered
-
-    def _compile_plain(plain: torch.fx.GraphModule, plain_inputs, kind: str) -> Callable:
         metrics.has_collectives = metrics.has_collectives or _has_collectives(plain)  # DTensor's, now explicit
         if observer is not None and kind != "backward":
             observer.record_compiled_graph(metrics.graph_name, plain, plain_inputs)
@@ -182,15 +173,16 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
         compiled = module.compile_plain_graph(plain, cpu_inputs, settings, metrics, kind)
         return make_boxed_func(bridge.run_graph_on_neuron(compiled))
 
-    start = time.perf_counter()
+    start, added_before = time.perf_counter(), metrics.compile_us + metrics.lower_us
     compiled = aot_module_simplified(
         gm, example_inputs, fw_compiler=functools.partial(compile_plain, kind="forward"),
         bw_compiler=functools.partial(compile_plain, kind="backward"),
         inference_compiler=functools.partial(compile_plain, kind="inference"),
         decompositions=module.decompositions(), keep_inference_input_mutations=True)
-    # AOTAutograd's own tracing and partitioning, on top of the graphs' compiles (a backward compiled
-    # later, at the first backward, adds its own then).
-    metrics.compile_us += (time.perf_counter() - start - inside_s[0]) * 1e6
+    # AOTAutograd's own tracing and partitioning, on top of what the plain graphs' compiles and
+    # lowerings added (a backward compiled later, at the first backward, adds its own then).
+    added_us = metrics.compile_us + metrics.lower_us - added_before
+    metrics.compile_us += max(0.0, (time.perf_counter() - start) * 1e6 - added_us)
     return compiled
 
 
