@@ -173,7 +173,19 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
          self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
 }
 
+// CPU's kernel, with the gradients output_mask does not ask for left undefined, as TorchNeuron's
+// kernel leaves them (CPU's may compute one anyway: the weight's, on its default route).
+void convolution_backward_masked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::List<bool> mask = stack->back().toBoolList();
+  std::array<bool, 3> wanted{mask.get(0), mask.get(1), mask.get(2)};
+  neuron_fallback(op, stack);
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (!wanted[i]) (*stack)[stack->size() - wanted.size() + i] = c10::IValue(at::Tensor());
+  }
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&convolution_backward_masked>());
   m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));

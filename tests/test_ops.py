@@ -423,3 +423,26 @@ def test_softmax_half_to_float_gives_the_float_softmax_as_torchneuron():
     assert result.dtype == torch.float32 and result.device.type == "neuron"
     assert torch.equal(result.cpu(), torch.softmax(x.float(), 1))
     assert torch.equal(torch.ops.aten._softmax.default(x.to(N), 1, False).cpu(), torch.softmax(x, 1))
+
+
+@pytest.mark.parametrize("mask", [(True, False, True), (False, False, True), (True, True, False), (False, True, False)])
+def test_convolution_backward_leaves_the_gradients_it_was_not_asked_for_undefined(mask):
+    # As TorchNeuron's kernel does; CPU's computes the weight's gradient whatever the mask says.
+    torch.manual_seed(0)
+    grad, x, w = torch.randn(2, 2, 10, 10), torch.randn(2, 3, 10, 10), torch.randn(2, 3, 3, 3)
+
+    def backward(*tensors):
+        return torch.ops.aten.convolution_backward(*tensors, [2], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   list(mask))
+    cpu, neuron = backward(grad, x, w), backward(*(t.to(N) for t in (grad, x, w)))
+    for wanted, got, expected in zip(mask, neuron, cpu):
+        if wanted:
+            assert got.device.type == N and torch.equal(got.cpu(), expected)
+        else:
+            assert got is None
+    # autograd asks for what requires grad only, and gets it
+    conv = torch.nn.Conv2d(3, 2, 3).to(N).requires_grad_(mask[1])
+    xn = x.to(N).requires_grad_(mask[0])
+    if mask[0] or mask[1]:
+        conv(xn).sum().backward()
+        assert (xn.grad is not None) == mask[0] and (conv.weight.grad is not None) == mask[1]
