@@ -248,7 +248,10 @@ def tp_part(opts, cache_dir):
            "--rdzv-endpoint=localhost:0", os.path.abspath(__file__), "--_part", "tp-rank", "--size", str(opts.size),
            "--depth", opts.depth, "--_out", out_dir]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=_child_env(cache_dir), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    try:
+        proc = common.run_process_tree(cmd, CHILD_TIMEOUT_S, env=_child_env(cache_dir))
+    except subprocess.TimeoutExpired as expired:
+        return {"error": f"torchrun timed out after {CHILD_TIMEOUT_S} s", "stderr": (expired.stderr or "")[-4000:]}
     wall_s = time.perf_counter() - start
     if proc.returncode != 0:
         return {"error": f"torchrun exit code {proc.returncode}", "stderr": proc.stderr[-4000:]}

@@ -163,6 +163,31 @@ def timed_out(e: subprocess.TimeoutExpired, timeout_s, **identity) -> dict:
     return {**identity, "error": f"timed out after {timeout_s} s", "stderr": stderr[-4000:]}
 
 
+def run_process_tree(cmd, timeout_s, **popen) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s) for a command that starts
+    processes of its own (torchrun, a benchmark's parts): on timeout the whole tree is killed, where
+    subprocess.run kills only the direct child and its children run on."""
+    import psutil  # accelerate's dependency
+
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:  # listed before the kill: orphans are re-parented and out of reach
+                tree = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                tree = []
+            proc.kill()
+            for child in tree:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout_s, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_child_process(cmd, env, mark: str, timeout_s, t0=None, **identity) -> dict:
     """Run ``cmd`` (a benchmark's own child process) and return child_result: the JSON it printed
     after ``mark`` with "process_s", its wall time, or the error (also when it runs out of time).
@@ -170,7 +195,7 @@ def run_child_process(cmd, env, mark: str, timeout_s, t0=None, **identity) -> di
     time is perf_counter's, from here."""
     start, clock = (time.perf_counter(), time.perf_counter) if t0 is None else (t0, time.time)
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = run_process_tree(cmd, timeout_s, env=env)
     except subprocess.TimeoutExpired as e:
         return timed_out(e, timeout_s, **identity)
     return child_result(proc, mark, clock() - start, **identity)

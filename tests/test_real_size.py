@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -158,10 +159,10 @@ def test_the_benchmark_runs_each_part_at_a_reduced_depth(tmp_path):
     # alike) takes PyTorch's reference route, hundreds of times slower than float32; at 128x128 the
     # eight VAE decodes alone took over 25 minutes. This size takes about 11 minutes on 2 idle cores.
     out = tmp_path / "real.json"
-    r = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "bench_real_size.py"), "--depth", REDUCED,
-                        "--parts", "eager,compiled,tp,cold", "--size", "32", "--rounds", "1", "--ranks", "2",
-                        "--json", str(out)], env=environment(TMPDIR=str(tmp_path)),
-                       capture_output=True, text=True, timeout=2700)
+    common = _benchmarks_common()
+    r = common.run_process_tree([sys.executable, os.path.join(BENCHMARKS, "bench_real_size.py"), "--depth", REDUCED,
+                                 "--parts", "eager,compiled,tp,cold", "--size", "32", "--rounds", "1", "--ranks", "2",
+                                 "--json", str(out)], 2700, env=environment(TMPDIR=str(tmp_path)))
     assert r.returncode == 0 and out.exists(), r.stderr[-4000:]
     results = json.loads(out.read_text())["results"]
     assert not [p for p, v in results.items() if "error" in v], r.stderr[-4000:]
@@ -174,3 +175,35 @@ def test_the_benchmark_runs_each_part_at_a_reduced_depth(tmp_path):
     cold = results["cold"]["samples"]
     assert [len(cold[b]) for b in ("neuron", "inductor")] == [1, 1]
     assert all(s["compile_s"] > 0 for b in cold for s in cold[b]), cold
+
+
+def _benchmarks_common():
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import common
+    finally:
+        sys.path.remove(BENCHMARKS)
+    return common
+
+
+def test_a_benchmark_child_that_runs_out_of_time_takes_its_own_children_with_it(tmp_path):
+    # The benchmarks' parts start processes of their own (torchrun and its ranks); subprocess.run's
+    # timeout would kill the direct child only and leave them running for as long as they like.
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time; "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(600)")
+    with pytest.raises(subprocess.TimeoutExpired):
+        _benchmarks_common().run_process_tree([sys.executable, "-c", script], 5)
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # killed: gone, or a zombie until init reaps it
+        try:
+            with open(f"/proc/{grandchild}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, 9)
+        pytest.fail("the grandchild outlived the timeout")
