@@ -21,8 +21,6 @@ from torch_neuronx.runtime import hardware
 from torch_neuronx.simulate.engine import structure  # noqa: F401  (the runs per rank and their plan)
 from torch_neuronx.simulate.steps import step  # noqa: F401  (the program's step marker)
 
-DEFAULT_OUT = "neuron_plan"
-
 
 class PlanError(ValueError):
     """Bad input: names the problem and the fix."""

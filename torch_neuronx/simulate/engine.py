@@ -7,14 +7,17 @@ import dataclasses
 import gc
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch_neuronx.runtime import hardware
 
+if TYPE_CHECKING:
+    from torch_neuronx.simulate import plan
+
 
 def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc_per_node: int, lnc: int,
-              progress=None, jobs: int | None = None, all_ranks: bool = False) -> dict:
-    """Run the program per rank under fake tensors; the plan (a dict, see :mod:`.plan`).
+              progress=None, jobs: int | None = None, all_ranks: bool = False) -> plan.Plan:
+    """Run the program per rank under fake tensors; its plan (:class:`.plan.Plan`).
 
     Each rank runs in a forked child of this process, ``jobs`` at a time: it starts from the same
     warm state (torch and the program's imports loaded once, here) and leaves nothing behind for
