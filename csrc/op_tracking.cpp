@@ -128,7 +128,12 @@ void observe(const CallContext& ctx) {
   const size_t name_size = key.size();
   key.push_back('\0');
   for (const auto& t : ctx.observed_inputs()) {
-    if (observed_tensor(t)) append_meta(key, t);
+    if (observed_tensor(t)) {
+      append_meta(key, t);
+      // An in-place op's (or out='s) target is one of its inputs: written non-contiguous, it fails on
+      // Trainium (findings.py), so such a call is a signature of its own.
+      key.push_back(t.is_contiguous() ? 'c' : 's');
+    }
   }
   // The results too: non-tensor arguments (x.to(torch.float64), x.to("cpu")) change them, and
   // with them the findings (a float64 result, a copy to the host).

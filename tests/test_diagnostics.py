@@ -195,6 +195,59 @@ def test_what_trainiums_eager_rules_refuse_is_found_and_nothing_else(collect):
     assert empty["site"] == empty_site and empty["ops"] == {"aten::amax": 1}
 
 
+def test_writing_into_a_non_contiguous_view_is_found_and_nothing_else(collect):
+    """TorchNeuron's kernels take contiguous tensors, and an in-place op (or out=) runs its kernel on the
+    tensor it writes: its test_add_inplace_non_contiguous_output has x[:, 3].add_(2) raise."""
+    x = torch.ones(10, 10, device=N)
+    x[3] += 1  # a row: contiguous
+    x[:, 3] = 7  # copy_: TorchNeuron's copy takes any strides
+    y = x.t().contiguous()
+    y.mul_(2)
+    x.t_()  # metadata only
+    x.t_()
+    z = torch.ones(4, 4, dtype=torch.float64, device=N)
+    z[:, 1].add_(1)  # 64-bit: narrowed into a fresh tensor, then copied back
+    x[:, :0].zero_()  # empty: no kernel runs
+    torch.add(x[3], 1, out=x[4])  # a contiguous out=
+    fresh = x.t() * 2  # CPU keeps the transposed layout; TorchNeuron's kernel gives a contiguous result
+    fresh.add_(1)
+    assert "non-contiguous-write" not in kinds(collect()), kinds(collect())
+    for _ in range(2):
+        x[3] += 1  # the same signature as the next line but for its target's strides
+        x[:, 3] += 2; column_site = here()
+    x.t().mul_(2); transpose_site = here()
+    torch.add(x[:, 1], 1, out=x[:, 2]); out_site = here()
+    found = {f["site"]: f for f in kinds(collect())["non-contiguous-write"]}
+    assert set(found) == {column_site, transpose_site, out_site}, found
+    assert found[column_site]["ops"] == {"aten::add_.Tensor": 2} and found[column_site]["severity"] == "would-fail"
+    assert found[transpose_site]["ops"] == {"aten::mul_.Tensor": 1}
+    assert found[out_site]["ops"] == {"aten::add.out": 1}
+    assert "(10,)" in found[column_site]["details"][0]
+    cpu = torch.ones(10, 10)  # the values stay CPU's: only the report says where Trainium would fail
+    cpu[3] += 1
+    cpu[:, 3] = 7
+    torch.add(cpu[3], 1, out=cpu[4])
+    for _ in range(2):
+        cpu[3] += 1
+        cpu[:, 3] += 2
+    cpu.t().mul_(2)
+    torch.add(cpu[:, 1], 1, out=cpu[:, 2])
+    assert torch.equal(x.cpu(), cpu)
+
+
+def test_training_a_rotary_attention_model_writes_into_no_view(collect):
+    """Qwen3's backward adds the gradients of its rotary query and key in place into a buffer that CPU's
+    kernels leave transposed; TorchNeuron's give it contiguous, so its add_ runs there: no finding."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)).to(N)
+    ids = torch.randint(0, 64, (2, 8), device=N)
+    model(ids, labels=ids).loss.backward()
+    assert "non-contiguous-write" not in kinds(collect()), kinds(collect())
+
+
 def test_later_calls_of_a_signature_are_checked(collect):
     """The core counts the calls of a known signature and hands Python only those that may make a
     finding: a result dtype or device the non-tensor arguments chose, int64 values out of range."""

@@ -93,6 +93,39 @@ def test_a_copy_that_changes_the_memory_format_raises():
     assert d.to(memory_format=torch.channels_last).is_contiguous(memory_format=torch.channels_last)  # cpu semantics
 
 
+def test_writing_into_a_non_contiguous_tensor_raises():
+    """csrc/core/NeuronBindings.cpp (PrepareKernelTensors: contiguous tensors only), auto_registration.py (an
+    in-place op runs with out=self) and torch_mlir/kernel.py (a provided output is the kernel's, unless its
+    dtype is narrowed); tests/python_ops/test_add.py, test_add_inplace_non_contiguous_output."""
+    message = "Cannot process non-contiguous tensors"
+    with trainium():
+        x = torch.ones(10, 10, device=N)
+        with pytest.raises(RuntimeError, match=message):
+            x[:, 3].add_(2)
+        with pytest.raises(RuntimeError, match=message):
+            x[:, 3] += 2
+        with pytest.raises(RuntimeError, match=message):
+            x.t().zero_()
+        with pytest.raises(RuntimeError, match=message):
+            torch.mul(x[:, 1], 2, out=x[:, 2])
+        assert torch.equal(x.cpu(), torch.ones(10, 10))  # refused before anything was written
+        x[3].add_(1)  # contiguous
+        x[:, 3] = 5  # a copy: any strides
+        x.t_()  # metadata only
+        x.t_()
+        x[:, :0].zero_()  # empty
+        fresh = x.t() * 1  # transposed here, contiguous from TorchNeuron's kernel
+        fresh.add_(0)
+        wide = torch.ones(4, 4, dtype=torch.float64, device=N)
+        wide[:, 1].add_(1)  # narrowed into a fresh tensor, then copied back
+    expected = torch.ones(10, 10)
+    expected[3] += 1
+    expected[:, 3] = 5
+    assert torch.equal(x.cpu(), expected) and wide.cpu()[:, 1].eq(2).all()
+    x[:, 3].add_(2)  # cpu semantics: as CPU
+    assert x.cpu()[0, 3] == 7
+
+
 def test_dtypes_missing_from_the_jax_map_raise_on_device_ops():
     """type_converter_base.py and python_ops/jax/op_impl.py: float8_e4m3fn, uint16, uint32 and uint64 have
     no JAX dtype: ValueError("Unsupported PyTorch dtype"), no CPU fallback."""

@@ -77,6 +77,11 @@ KINDS = {
         "would-fail", "TorchNeuron refuses a copy that changes the memory format of a neuron tensor (only "
         "contiguous or preserve): this copy raises", "keep the default memory format on neuron: drop "
         ".to(memory_format=torch.channels_last) / .contiguous(memory_format=...) for neuron tensors"),
+    "non-contiguous-write": Kind(
+        "would-fail", "TorchNeuron's kernels take contiguous tensors only, and an op that writes in place (or "
+        "into out=) runs its kernel on that tensor: writing into a slice, a transpose or another non-contiguous "
+        "view raises (RuntimeError: " + trainium_semantics.NON_CONTIGUOUS_ERROR + ")",
+        trainium_semantics.NON_CONTIGUOUS_FIX),
     "no-kernel": Kind(
         "would-fail", "PyTorch's LSTM and GRU take each time step through a fused cell on a PrivateUse1 device; "
         "TorchNeuron has no kernel for it and its CPU fallback finds no CPU kernel either: the call raises",
@@ -223,6 +228,12 @@ def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
     elif base == "contiguous" and inputs:  # observed only for a format TorchNeuron refuses (csrc/contiguous.cpp)
         fmt = "channels_last" if inputs[0].dim() == 4 else "channels_last_3d"
         hits.append(("layout-change", f"contiguous(memory_format=torch.{fmt})"))
+    if kind == "device":
+        target = next((t for t in op_classes.written_tensors(op, inputs)
+                       if trainium_semantics.refused_write_target(t)), None)
+        if target is not None:
+            hits.append(("non-contiguous-write", f"writes into a non-contiguous {tuple(target.shape)} tensor "
+                                                 f"(strides {target.stride()})"))
     if kind == "device":
         unsupported = sorted({str(t.dtype).replace("torch.", "") for t in neuron
                               if t.dtype in trainium_semantics.UNSUPPORTED_DTYPES})

@@ -15,6 +15,9 @@ reproduce it (each rule names the TorchNeuron file it follows, in its public sou
   (``validate_output_dtypes`` with casting on, as on the JAX path);
 - a copy that changes the memory format (``.to(memory_format=torch.channels_last)``, to or from
   neuron) raises (``python_ops/cast_policy.py``, ``validate_neuron_memory_format``);
+- an in-place op or ``out=`` into a non-contiguous view of a contiguous tensor raises (the kernel writes
+  its output tensor as is, and takes contiguous tensors only: ``csrc/core/NeuronBindings.cpp``,
+  ``python_ops/torch_mlir/kernel.py``);
 - dtypes missing from the JAX map (float8_e4m3fn and its variants, uint16, uint32, uint64) raise
   ``ValueError`` on device ops (``type_converter_base.py``, ``python_ops/jax/op_impl.py``);
 - reductions without an identity (max, min, amax, amin, argmax, argmin, std_mean, var_mean) raise on
@@ -54,6 +57,16 @@ MEMORY_FORMAT_ERROR = "Neuron tensors only support contiguous or preserve memory
 UNSUPPORTED_DTYPES = frozenset(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16", "uint32",
                                       "uint64") if hasattr(torch, name))
+# TorchNeuron's kernels take contiguous tensors only (csrc/core/NeuronBindings.cpp, PrepareKernelTensors), and
+# an op that writes in place, or into out=, runs its kernel with that tensor as the output
+# (python_ops/auto_registration.py; python_ops/torch_mlir/kernel.py keeps a provided output unless it must
+# narrow its dtype): a non-contiguous one raises. A 64-bit target (narrowed into a fresh tensor, then copied
+# back) and an empty one (no kernel runs) do not. Only a view of a contiguous tensor is sure to be as
+# non-contiguous there: TorchNeuron's kernels give contiguous results where CPU's keep their inputs' layout
+# (x.t() * 2 is transposed here; autograd then adds into such a buffer in place, which Trainium's is not).
+NON_CONTIGUOUS_ERROR = "Cannot process non-contiguous tensors"
+NON_CONTIGUOUS_FIX = ("write out of place and assign the result (x[:, 3] = x[:, 3] + 2), or work on a contiguous "
+                      "tensor (y = x[:, 3].contiguous(); y.add_(2); x[:, 3] = y)")
 NO_IDENTITY_REDUCTIONS = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "std_mean", "var_mean"})
 # PyTorch's LSTM and GRU, layers and cells, take each time step through a fused cell on any PrivateUse1
 # device (ATen's RNN.cpp). TorchNeuron has no kernel for it, and its CPU fallback finds no CPU kernel
@@ -166,7 +179,26 @@ def _out_names(func) -> frozenset[str]:
                      if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
 
 
+def refused_write_target(t) -> bool:
+    """Whether TorchNeuron's kernel refuses to write into ``t`` (see NON_CONTIGUOUS_ERROR)."""
+    return (_neuron(t) and t.numel() > 0 and t.dtype not in (torch.float64, torch.int64) and not t.is_contiguous()
+            and t._is_view() and t._base.is_contiguous())
+
+
+def _check_write_targets(func, args, kwargs) -> None:
+    if not op_classes.writes_data(func.name()):
+        return
+    outs = _out_names(func)
+    targets = [a for a, written in zip(args, _written(func)) if written] + [v for k, v in kwargs.items() if k in outs]
+    for t in _flat(targets):
+        if refused_write_target(t):
+            raise RuntimeError(f"{NON_CONTIGUOUS_ERROR}: on Trainium, {func.name()} writes into a non-contiguous "
+                               f"tensor (shape {tuple(t.shape)}, strides {t.stride()}), and TorchNeuron's kernels "
+                               f"take contiguous tensors only: {NON_CONTIGUOUS_FIX}")
+
+
 def _device_op(func, args, kwargs):
+    _check_write_targets(func, args, kwargs)
     _check_dtypes(func, args, kwargs)
     _check_empty_reduction(func, args)
     seen: dict = {}
