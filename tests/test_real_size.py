@@ -71,7 +71,8 @@ def test_eager_call_equals_cpu_on_the_same_bytes_and_hbm_counts_the_weights(redu
         assert all(p.device.type == "cpu" for p in cpu.text_encoder.parameters())
         parts.narrow_cpu_like_neuron()
         timers = parts.PhaseTimes(neuron)
-        images = {name: parts.generate(pipe, 128, 1) for name, pipe in (("neuron", neuron), ("cpu", cpu))}
+        # 32x32: bf16 convolutions crawl on hosts without AVX-512 (the benchmark test below says more)
+        images = {name: parts.generate(pipe, 32, 1) for name, pipe in (("neuron", neuron), ("cpu", cpu))}
         phases = timers.take()
     assert [len(phases[p]) for p in parts.PHASES] == [1, 1, 1]
     assert images["cpu"].std() > 0.05 and np.array_equal(images["neuron"], images["cpu"])
