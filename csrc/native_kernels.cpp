@@ -44,7 +44,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   check_strided(layout, "empty_strided");
   CallContext ctx("aten::empty_strided");
   DeviceScope scope(target_index(device));
-  count_allocation();
+  count_allocation();  // also when a named op (clone) calls it, which counts only its own name
   return at::detail::empty_strided_generic(size, stride, neuron_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));

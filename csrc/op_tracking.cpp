@@ -269,7 +269,10 @@ void clear_op_counts() {
 }
 
 void count_allocation() noexcept {
-  if (op_tracking_level() != 0 && !t_in_observer) g_allocated.store(true, std::memory_order_relaxed);
+  // Read first: every fresh result comes here, and a store would dirty the shared line each time.
+  if (op_tracking_level() != 0 && !t_in_observer && !g_allocated.load(std::memory_order_relaxed)) {
+    g_allocated.store(true, std::memory_order_relaxed);
+  }
 }
 
 bool allocated_since_clear() { return g_allocated.load(std::memory_order_relaxed); }

@@ -234,7 +234,6 @@ def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
         if target is not None:
             hits.append(("non-contiguous-write", f"writes into a non-contiguous {tuple(target.shape)} tensor "
                                                  f"(strides {target.stride()})"))
-    if kind == "device":
         unsupported = sorted({str(t.dtype).replace("torch.", "") for t in neuron
                               if t.dtype in trainium_semantics.UNSUPPORTED_DTYPES})
         if unsupported:

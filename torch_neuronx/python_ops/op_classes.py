@@ -67,22 +67,21 @@ def op_overload(op: str):
 
 
 @functools.lru_cache(maxsize=None)
+def written_flags(func) -> tuple[bool, ...]:
+    """For each argument of an OpOverload, whether the op writes it."""
+    return tuple(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
 def written_arguments(op: str) -> tuple[bool, int]:
     """Which arguments the op writes values into (not only metadata, as t_ does): (whether its first
     argument, in place; how many trailing out= arguments)."""
     overload = op_overload(op)
     if overload is None or torch.Tag.inplace_view in overload.tags:
         return False, 0
-    arguments = overload._schema.arguments
-    written = [a.alias_info is not None and a.alias_info.is_write for a in arguments]
-    outs = sum(1 for a, w in zip(arguments, written) if w and a.kwarg_only)
+    written = written_flags(overload)
+    outs = sum(1 for a, w in zip(overload._schema.arguments, written) if w and a.kwarg_only)
     return bool(written) and written[0], outs
-
-
-def writes_data(op: str) -> bool:
-    """Whether the op writes into an argument's values (in place, or out=)."""
-    first, outs = written_arguments(op)
-    return first or outs > 0
 
 
 def written_tensors(op: str, tensors: list) -> list:

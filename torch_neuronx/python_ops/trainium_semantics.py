@@ -103,10 +103,7 @@ def _touches_neuron(args, kwargs) -> bool:
     return device is not None and torch.device(device).type == BACKEND_NAME
 
 
-@functools.lru_cache(maxsize=None)
-def _written(func) -> tuple[bool, ...]:
-    """For each argument of ``func``, whether the op writes it."""
-    return tuple(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+_written = op_classes.written_flags
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,7 +183,7 @@ def refused_write_target(t) -> bool:
 
 
 def _check_write_targets(func, args, kwargs) -> None:
-    if not op_classes.writes_data(func.name()):
+    if torch.Tag.inplace_view in func.tags:  # t_, transpose_: metadata only
         return
     outs = _out_names(func)
     targets = [a for a, written in zip(args, _written(func)) if written] + [v for k, v in kwargs.items() if k in outs]
