@@ -36,6 +36,8 @@ class CompileSettings:
     on_lowered: Callable[[Any, float, str], None] | None = None
     # (the backward graph AOTAutograd made, its example inputs): diagnostics cost each backward call with it
     on_backward_graph: Callable[[Any, Any], None] | None = None
+    # False for a part of a graph (the xla executor's programs between collectives): its artifacts are the graph's
+    keep_artifacts: bool = True
 
 _model_name: str | None = None
 

@@ -47,10 +47,14 @@ def _cpu_fake(value: Any, fake_mode, keep_grad: bool = False) -> Any:
     return cpu
 
 
+def is_collective(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a c10d collective (functional or not, its wait included)."""
+    return node.op == "call_function" and "c10d" in str(getattr(node.target, "namespace", node.target))
+
+
 def first_collective(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
-    """The graph's first call of a c10d collective (functional or not), or None."""
-    return next((node for node in gm.graph.nodes if node.op == "call_function"
-                 and "c10d" in str(getattr(node.target, "namespace", node.target))), None)
+    """The graph's first call of a c10d collective, or None."""
+    return next((node for node in gm.graph.nodes if is_collective(node)), None)
 
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

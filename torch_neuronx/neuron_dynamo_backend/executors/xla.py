@@ -9,13 +9,14 @@ import time
 from typing import Any, Callable
 
 import torch
+from torch._functorch.aot_autograd import make_boxed_func
 
 from torch_neuronx.neuron_dynamo_backend import faithful
 from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
 from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifacts_preserved
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
 from torch_neuronx.neuron_dynamo_backend.executors import xla_program
-from torch_neuronx.neuron_dynamo_backend.faithful import lowering
+from torch_neuronx.neuron_dynamo_backend.faithful import collectives, lowering
 from torch_neuronx.neuron_dynamo_backend import host_graph
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
@@ -73,7 +74,7 @@ def _program(shaped: faithful.Shaped, example_inputs, settings: CompileSettings,
                 program, stablehlo, op_counts = xla_program.deserialize(payload)
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
-                if artifacts_preserved():  # the artifacts want every stage of the lowering itself
+                if artifacts_preserved() and settings.keep_artifacts:  # the artifacts want every stage of the lowering itself
                     faithful.lower_shaped(shaped, settings, kind)
                 elif settings.on_lowered is not None:  # the report wants what the entry recorded
                     settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,
@@ -96,8 +97,6 @@ def _program(shaped: faithful.Shaped, example_inputs, settings: CompileSettings,
 
 
 def _runner(shaped: faithful.Shaped, program: xla_program.XlaProgram) -> Callable:
-    from torch._functorch.aot_autograd import make_boxed_func
-
     kept = shaped.results - len(shaped.none_results)
 
     def run(*args):
@@ -137,8 +136,18 @@ def _compile_with_aot(gm: torch.fx.GraphModule, example_inputs, settings: Compil
 def compile_aot_graph(aot_gm: torch.fx.GraphModule, aot_inputs, settings: CompileSettings, stats: CompileStats,
                       kind: str) -> Callable:
     """One graph AOTAutograd handed over (``kind``: forward, backward or inference), on CPU fakes:
-    lowered, compiled by XLA:CPU (or read from the cache) and wrapped to run on CPU tensors."""
-    faithful.hand_over_backward(settings, aot_gm, aot_inputs, kind)
+    compiled by XLA:CPU (or read from the cache) into one program, or into programs between its
+    collectives (:func:`_around_collectives`); boxed, to run on CPU tensors."""
+    if host_graph.first_collective(aot_gm) is None and all(
+            isinstance(p.meta.get("val"), torch.Tensor) for p in aot_gm.graph.find_nodes(op="placeholder")):
+        faithful.hand_over_backward(settings, aot_gm, aot_inputs, kind)
+        return _runner(*_one_program(aot_gm, aot_inputs, settings, stats, kind))
+    split = _around_collectives(aot_gm, aot_inputs, settings, stats, kind)
+    return make_boxed_func(faithful.outside_dynamo(split))
+
+
+def _one_program(aot_gm: torch.fx.GraphModule, aot_inputs, settings: CompileSettings, stats: CompileStats,
+                 kind: str) -> tuple[faithful.Shaped, xla_program.XlaProgram]:
     stats.graphs += 1
     shaped = faithful.shape_for_lowering(aot_gm)
     lower_s, compile_s = stats.lower_s, stats.compile_s
@@ -149,7 +158,7 @@ def compile_aot_graph(aot_gm: torch.fx.GraphModule, aot_inputs, settings: Compil
     if stats.metrics is not None and stats.graphs > 1:
         stats.metrics.lower_us += (stats.lower_s - lower_s) * 1e6
         stats.metrics.compile_us += (stats.compile_s - compile_s) * 1e6
-    return _runner(shaped, program)
+    return shaped, program
 
 
 def decompositions() -> dict:
@@ -160,21 +169,81 @@ def decompositions() -> dict:
 def compile_plain_graph(plain: torch.fx.GraphModule, cpu_inputs, settings: CompileSettings, metrics: GraphMetrics,
                         kind: str) -> Callable:
     """A graph AOTAutograd made of a graph with tensor-subclass inputs (DTensor), rewritten to CPU:
-    lowered and compiled as any AOTAutograd graph here. A collective in it does not lower (XLA:CPU
-    runs one process's program): the compile fails naming it."""
+    compiled as any AOTAutograd graph here."""
     lowering.require_torch_mlir()
     xla_program.require_jax()
-    collective = host_graph.first_collective(plain)
-    if collective is not None:
-        raise NEFFCompilationError(
-            f"the xla executor runs a graph as one XLA:CPU program of this process, and this tensor-parallel "
-            f"graph calls {collective.target} (at {lowering.with_source(lowering.site_of(collective)) or 'its graph'}), "
-            "which needs the other ranks. Compile it with the inductor executor (the default; the readiness "
-            "report still lowers it as TorchNeuron does), or run it eagerly with fallback_execution")
-    stats = CompileStats(metrics=metrics)
+    stats = CompileStats()
     start = time.perf_counter()
     runner = compile_aot_graph(plain, cpu_inputs, settings, stats, kind)  # boxed: takes one list
     metrics.lower_us += stats.lower_s * 1e6
     metrics.compile_us += (time.perf_counter() - start - stats.lower_s) * 1e6
-    metrics.cache = "hit" if stats.hits else "miss"
+    metrics.cache = "hit" if stats.hits == stats.graphs else "miss"
     return lambda *args: runner(list(args))
+
+
+def _around_collectives(gm: torch.fx.GraphModule, example_inputs, settings: CompileSettings, stats: CompileStats,
+                        kind: str) -> torch.fx.GraphModule:
+    """A graph with collectives, or with inputs that are not tensors (the opaque DTensor metadata
+    AOTAutograd passes through).
+
+    On Trainium it is one NEFF with its collectives inside (TorchNeuron's CollectiveLegalization lowers
+    all_reduce, all_gather, reduce_scatter and all_to_all; any other collective fails to compile).
+    XLA:CPU runs one process's program, so here the graph runs as XLA:CPU programs between its
+    collectives, which run as the graph calls them, on this process's group; what only passes through
+    stays outside the programs. The report sees the whole graph lowered, as TorchNeuron lowers it, and
+    not the programs between the collectives again."""
+    unlowered = collectives.first_unlowered(gm)
+    if unlowered is not None:
+        raise NEFFCompilationError(
+            f"{unlowered.target} (at {lowering.with_source(lowering.site_of(unlowered)) or 'its graph'}) does not "
+            "lower: TorchNeuron compiles all_reduce, all_gather_into_tensor, reduce_scatter_tensor and "
+            "all_to_all_single inside a graph, no other collective. Call it outside the compiled function.")
+    segment_settings = dataclasses.replace(settings, on_backward_graph=None)  # handed over whole, here
+    if host_graph.first_collective(gm) is None:
+        faithful.hand_over_backward(settings, gm, example_inputs, kind)  # its one program reports itself
+    else:
+        segment_settings = dataclasses.replace(segment_settings, on_lowered=None, keep_artifacts=False)
+        if settings.on_lowered is not None or artifacts_preserved():
+            faithful.lower_aot_graph(gm, example_inputs, settings, kind)  # hands a backward graph over, too
+        else:
+            faithful.hand_over_backward(settings, gm, example_inputs, kind)
+    split = _split_at_collectives(gm)
+    for name, segment in list(split.named_children()):
+        if host_graph.first_collective(segment) is None:
+            setattr(split, name, _CompiledSegment(segment, segment_settings, stats, kind))
+    return split
+
+
+def _split_at_collectives(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` as a graph of segments, in its own order: each run of collective calls (with their
+    waits) one segment, each run of other ops between them another."""
+    from torch.fx.passes.split_module import split_module
+
+    segment_of, segment, was_collective = {}, 0, None
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        is_collective = host_graph.is_collective(node)
+        if was_collective is not None and is_collective != was_collective:
+            segment += 1
+        segment_of[node], was_collective = segment, is_collective
+    return split_module(gm, None, lambda node: segment_of.get(node, 0), keep_original_order=True)
+
+
+class _CompiledSegment(torch.nn.Module):
+    """One segment between collectives, compiled as a graph of its own, in the split graph's place:
+    it returns what split_module's caller reads (one value, or a tuple)."""
+
+    def __init__(self, segment: torch.fx.GraphModule, settings: CompileSettings, stats: CompileStats, kind: str):
+        super().__init__()
+        output = segment.graph.find_nodes(op="output")[0]
+        self.single = not isinstance(output.args[0], (tuple, list))
+        if self.single:
+            output.args = ((output.args[0],),)
+            segment.recompile()
+        inputs = [p.meta["val"] for p in segment.graph.find_nodes(op="placeholder")]
+        self.runner = _runner(*_one_program(segment, inputs, settings, stats, kind))
+
+    def forward(self, *args):
+        results = self.runner(list(args))
+        return results[0] if self.single else tuple(results)

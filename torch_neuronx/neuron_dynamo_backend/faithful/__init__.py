@@ -76,7 +76,7 @@ def lower_shaped(shaped: Shaped, settings: CompileSettings, kind: str) -> loweri
         raise
     if settings.on_lowered is not None:
         settings.on_lowered(lowered, lowered.seconds, kind)
-    if artifacts_preserved():
+    if artifacts_preserved() and settings.keep_artifacts:
         artifacts.write(settings.model_name, shaped.gm.print_readable(print_output=False), lowered.torch_mlir,
                         lowered.stablehlo, settings.compiler_args)
     return lowered

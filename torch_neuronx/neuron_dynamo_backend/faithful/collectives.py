@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import torch
 
+from torch_neuronx.neuron_dynamo_backend import host_graph
+
 LEGALIZED = frozenset({"_c10d_functional.all_reduce.default", "_c10d_functional.all_gather_into_tensor.default",
                        "_c10d_functional.reduce_scatter_tensor.default",
                        "_c10d_functional.all_to_all_single.default"})
 _WAIT = "_c10d_functional.wait_tensor.default"
+
+
+def first_unlowered(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The graph's first collective that TorchNeuron's pass leaves, so that it fails to lower, or None."""
+    return next((node for node in gm.graph.nodes
+                 if host_graph.is_collective(node) and str(node.target) not in LEGALIZED | {_WAIT}), None)
 
 
 def stand_in(gm: torch.fx.GraphModule) -> int:
