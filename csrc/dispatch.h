@@ -39,10 +39,10 @@ bool inside_named_op();
 // A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
 // or DTensor wrapper): an autograd-level kernel sees it before that layer does.
 bool wrapped_by_python(const at::Tensor& t);
-// Records one call of aten op `name` for op tracking (a python_ops kernel's call); observed with the
-// tensors given, if any.
+// Records `calls` calls of aten op `name` for op tracking (a python_ops kernel's call); each observed
+// with the tensors given, if any.
 void track_op(const std::string& name, const std::vector<at::Tensor>& inputs = {},
-              const std::vector<at::Tensor>& results = {});
+              const std::vector<at::Tensor>& results = {}, int64_t calls = 1);
 
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);

@@ -73,10 +73,11 @@ bool wrapped_by_python(const at::Tensor& t) {
          t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
 }
 
-// One call of aten op `name` ('batch_norm_stats', 'linear_backward.out'), tracked as if its kernel were
+// Calls of aten op `name` ('batch_norm_stats', 'linear_backward.out'), tracked as if its kernel were
 // ours: the ops registered from Python (python_ops) run on CPU aliases, which nothing tracks. Given its
 // neuron tensors, the call is also observed (diagnostics check it for findings); else only counted.
-void track_op(const std::string& name, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& results) {
+void track_op(const std::string& name, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& results,
+              int64_t calls) {
   // Looked up once per name: the kernels that call this run once per layer or batch-norm call.
   static std::mutex mutex;
   static std::unordered_map<std::string, c10::OperatorHandle> ops;
@@ -88,14 +89,16 @@ void track_op(const std::string& name, const std::vector<at::Tensor>& inputs, co
     found = &it->second.schema();
   }
   const auto& schema = *found;  // lives as long as the op: the name's pointer is stable
-  CallContext ctx(schema.name().c_str());
-  ctx.set_overload_name(&schema.overload_name());
-  if (inputs.empty() && results.empty()) {
-    ctx.set_count_only();
-    return;
+  for (int64_t call = 0; call < calls; ++call) {
+    CallContext ctx(schema.name().c_str());
+    ctx.set_overload_name(&schema.overload_name());
+    if (inputs.empty() && results.empty()) {
+      ctx.set_count_only();
+      continue;
+    }
+    for (const at::Tensor& t : inputs) ctx.observe_input(t);
+    for (const at::Tensor& t : results) ctx.observe_result(t);
   }
-  for (const at::Tensor& t : inputs) ctx.observe_input(t);
-  for (const at::Tensor& t : results) ctx.observe_result(t);
 }
 
 // Registers run_named as the neuron kernel of `names` (below autograd); of the

@@ -370,3 +370,46 @@ def test_trainium_semantics_raise_torchneurons_error_and_cpu_semantics_run(name)
     with torch_neuronx.eager_semantics():
         torch.nn.RNN(4, 3).to(N)(x.unsqueeze(0))  # unfused cells: fine on Trainium
     _call(name, module, x)  # cpu semantics: CPU's route
+
+
+# ---- what the report counts: the route Trainium takes ----------------------------------------------
+RNN_PROGRAM = """
+import torch
+torch.manual_seed(0)
+rnn = torch.nn.RNN(4, 3, num_layers=2, nonlinearity="{nonlinearity}", bidirectional={bidirectional}).to("neuron")
+cell = torch.nn.RNNCell(4, 3).to("neuron")
+x = torch.randn(5, 2, 4, device="neuron", requires_grad=True)
+out, h = rnn(x)
+(out.sum() + h.sum() + cell(x[0]).sum()).backward()
+"""
+
+
+@pytest.mark.parametrize("nonlinearity, bidirectional", [("tanh", False), ("relu", True)])
+def test_an_rnn_is_counted_step_by_step_as_the_plan_simulator_runs_it(tmp_path, collect, simulate,
+                                                                       nonlinearity, bidirectional):
+    """On Trainium nn.RNN and nn.RNNCell decompose (TorchNeuron registers neither): each time step's
+    linear layers, add and activation are kernel calls of their own, forward and backward. The report
+    counts that route while the values stay CPU's; the plan simulator's fake tensors take it too, so
+    both give the program the same launches and time."""
+    import json
+
+    program = RNN_PROGRAM.format(nonlinearity=nonlinearity, bidirectional=bidirectional)
+    exec(compile(program, "rnn_program.py", "exec"), {})
+    report = json.loads(collect().to_json())
+    (tmp_path / "rnn_program.py").write_text(program)
+    r, plan = simulate(tmp_path, str(tmp_path / "rnn_program.py"))
+    assert r.returncode == 0, r.stderr
+    launches = sum(n["launches"] for n in report["neffs"])
+    assert launches == plan["ranks"][0]["eager_launches"] > 100
+    assert report["steady_state_seconds"] == pytest.approx(plan["ranks"][0]["step_seconds"], rel=1e-6)
+    executed = report["executed_ops"]
+    assert not any("rnn_" in op for op in executed), executed
+    assert {"aten::addmm", f"aten::{nonlinearity}", "aten::mm"} <= set(executed), executed
+
+
+def test_an_rnn_counted_step_by_step_still_gives_cpus_values():
+    rnn = torch.nn.RNN(4, 3, num_layers=2)
+    x = torch.randn(5, 2, 4)
+    cpu_out, cpu_h = rnn(x)
+    out, h = rnn.to(N)(x.to(N))
+    assert torch.equal(out.cpu(), cpu_out) and torch.equal(h.cpu(), cpu_h)

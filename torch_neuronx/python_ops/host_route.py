@@ -14,12 +14,13 @@ Random numbers come from CPU's default generator, as for every other neuron op (
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterable
 
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_neuronx.python_ops import trainium_semantics
+from torch_neuronx.python_ops import trainium_route, trainium_semantics
 from torch_neuronx.runtime import BACKEND_NAME, ops
 
 
@@ -39,11 +40,11 @@ def _adopted(cpu_tensors: list[torch.Tensor], device: torch.device) -> list[torc
     return list(ops._exit_compiled_call(cpu_tensors))
 
 
-def _across(function: type[torch.autograd.Function], device: torch.device, grads) -> tuple:
+def _across(function: type[torch.autograd.Function], device: torch.device, grads, *before) -> tuple:
     """The gradients that are there taken across by ``function`` (the other direction); a missing
-    one stays missing (no zeros made and carried across)."""
+    one stays missing (no zeros made and carried across). ``before``: ``function``'s other arguments."""
     present = [g for g in grads if g is not None]
-    crossed = iter(function.apply(device, *present) if present else ())
+    crossed = iter(function.apply(device, *before, *present) if present else ())
     return (None, *(None if g is None else next(crossed) for g in grads))
 
 
@@ -56,19 +57,25 @@ class _IntoHost(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return _across(_OutOfHost, ctx.device, grads)
+        return _across(_OutOfHost, ctx.device, grads, None, ())
 
 
 class _OutOfHost(torch.autograd.Function):
+    """``told``: what the backward tells op tracking, given the gradients and storages (None: nothing)."""
     @staticmethod
-    def forward(ctx, device, *cpu_tensors):
-        ctx.device = device
+    def forward(ctx, device, told, storages, *cpu_tensors):
+        ctx.device, ctx.told = device, told
         ctx.set_materialize_grads(False)
-        return tuple(_adopted(list(cpu_tensors), device))
+        adopted = _adopted(list(cpu_tensors), device)
+        if told is not None:  # the storages the backward's calls are observed over: the op's and these
+            ctx.storages = [*storages, *(t.untyped_storage() for t in adopted)]
+        return tuple(adopted)
 
     @staticmethod
     def backward(ctx, *grads):
-        return _across(_IntoHost, ctx.device, grads)
+        if ctx.told is not None:
+            ctx.told([g for g in grads if g is not None], ctx.storages)
+        return (None, None, *_across(_IntoHost, ctx.device, grads))
 
 
 def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:
@@ -80,7 +87,8 @@ def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:
     return devices.pop()
 
 
-def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (), refused: str | None = None) -> Callable:
+def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (), refused: str | None = None,
+               steps_on_trainium: bool = False) -> Callable:
     """A kernel for the composite ``op`` (named ``name`` in errors) that runs CPU's route on the
     neuron arguments' bytes. ``cpu_arguments`` are the positions the op takes on the CPU on every
     device (packed sequences' ``batch_sizes``); any other tensor must be on one neuron device.
@@ -88,7 +96,9 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (), ref
     TorchNeuron. Traced (fake or
     functional tensors: torch.compile, export), the op decomposes as for any device but CPU, which
     is the graph TorchNeuron's compiler is given. ``refused``: the error TorchNeuron's eager mode raises
-    for this op, raised here under ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``."""
+    for this op, raised here under ``TORCH_NEURONX_EAGER_SEMANTICS=trainium``. ``steps_on_trainium``:
+    op tracking is told the calls of the route Trainium takes (:mod:`.trainium_route`), else the op
+    under its name."""
     def kernel(*args):
         flat, spec = pytree.tree_flatten(list(args))
         if any(isinstance(leaf, torch.Tensor) and type(leaf) not in _PLAIN for leaf in flat):
@@ -105,12 +115,27 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (), ref
             raise RuntimeError(refused)
         for i, alias in zip(places, _IntoHost.apply(device, *tensors)):
             flat[i] = alias
+        route = trainium_route.route_of(op, args, cpu_arguments) if steps_on_trainium else None
         result = op(*pytree.tree_unflatten(flat, spec))
         results, result_spec = pytree.tree_flatten(result)
         outputs = [i for i, leaf in enumerate(results) if isinstance(leaf, torch.Tensor)]
-        for i, adopted in zip(outputs, _OutOfHost.apply(device, *(results[i] for i in outputs))):
+        told = None if route is None else functools.partial(_tell_backward, route)
+        for i, adopted in zip(outputs, _OutOfHost.apply(device, told, [t.untyped_storage() for t in tensors],
+                                                         *(results[i] for i in outputs))):
             results[i] = adopted
-        if name.startswith("aten::"):  # its parts ran on CPU aliases: tracked and observed under its name
-            ops._track_op(name.partition("::")[2], tensors, [results[i] for i in outputs])
+        _tell(name, route, tensors, [results[i] for i in outputs])
         return pytree.tree_unflatten(results, result_spec)
     return kernel
+
+
+def _tell(name: str, route: trainium_route.Route | None, tensors: list[torch.Tensor],
+          results: list[torch.Tensor]) -> None:
+    """Op tracking is told the call: its parts ran on CPU aliases, which nothing tracks."""
+    if route is not None:
+        trainium_route.replay(route.forward, [*tensors, *results])
+    elif name.startswith("aten::"):  # tracked and observed under its name
+        ops._track_op(name.partition("::")[2], tensors, results)
+
+
+def _tell_backward(route: trainium_route.Route, grads: list[torch.Tensor], storages) -> None:
+    trainium_route.replay(route.backward, grads, storages)

@@ -97,6 +97,9 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
 # results are CPU's bit for bit on every machine (a double backward to rounding: tests/test_rnn.py).
 _LAYERS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 _CELLS = ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
+# Those whose route on Trainium runs (LSTM's and GRU's reach fused cells it has no kernel for, a
+# finding): op tracking is told that route's calls, step by step (trainium_route.py).
+_STEPPED = ("rnn_tanh", "rnn_relu", "rnn_tanh_cell", "rnn_relu_cell")
 
 
 def _refused(op: str) -> str | None:
@@ -120,9 +123,10 @@ def install() -> None:
             op = getattr(getattr(_aten, layer), overload)
             kernels[f"{layer}.{overload}"] = host_route(
                 op, f"aten::{layer}.{overload}", cpu_arguments=(1,) if overload == "data" else (),
-                refused=_refused(layer))
+                refused=_refused(layer), steps_on_trainium=layer in _STEPPED)
     for cell in _CELLS:
-        kernels[cell] = host_route(getattr(_aten, cell).default, f"aten::{cell}", refused=_refused(cell))
+        kernels[cell] = host_route(getattr(_aten, cell).default, f"aten::{cell}", refused=_refused(cell),
+                                   steps_on_trainium=cell in _STEPPED)
     for name, kernel in kernels.items():
         # The Autograd key, so that autograd records CPU's graph; PrivateUse1 too, for calls without
         # autograd (inference mode).
