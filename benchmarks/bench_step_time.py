@@ -1,7 +1,7 @@
 """Time on Trainium from the plan, against AWS's published rows, at full size; and a real-length decode.
 
 Runs `python -m torch_neuronx.simulate` on the program of each run of
-torch_neuronx/simulate/calibration.py (RUNS) at full size and reads each published row (ROWS) off
+torch_neuronx/trainium/calibration.py (RUNS) at full size and reads each published row (ROWS) off
 its plan: with the constants in place, and held out (the constants fitted to the other rows,
 torch_neuronx/simulate/fit.py). Prints each row's ratios, the worst and the median held-out ratio,
 and the constants fitted to every row (rounded: what CALIBRATION should state) with the range of the
@@ -29,7 +29,7 @@ DECODE_STEPS = 1500
 
 def simulate_runs(out: str, reuse: bool) -> tuple[dict, dict]:
     """({run: its plan}, {run: the simulation's measurements}) of every run at full size."""
-    from torch_neuronx.simulate import calibration
+    from torch_neuronx.trainium import calibration
 
     plans, measured = {}, {}
     for name, run in calibration.RUNS.items():
@@ -48,7 +48,7 @@ def simulate_runs(out: str, reuse: bool) -> tuple[dict, dict]:
 
 def evaluate(plans: dict) -> dict:
     """Each row's prediction with the constants in place and held out, and the fit to every row."""
-    from torch_neuronx.diagnostics import time_model
+    from torch_neuronx.trainium import time_model
     from torch_neuronx.simulate import fit
 
     samples = fit.samples({run: (fit.rank0(plan), fit.layout_of(plan)) for run, plan in plans.items()})
@@ -78,7 +78,7 @@ def report_rows(result: dict) -> list:
 
 def decode(out: str, steps: int) -> dict:
     """The 70B TP=64 decode program with a 10,000-token prefill and ``steps`` decode steps."""
-    from torch_neuronx.simulate import calibration
+    from torch_neuronx.trainium import calibration
 
     run = calibration.RUNS["70b-trn2"]
     flags = ["--prompt", "10000", "--new-tokens", str(steps + 1), "--max-length", str(10000 + DECODE_STEPS + 1)]

@@ -17,8 +17,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import torch_neuronx
 from torch_neuronx import diagnostics
-from torch_neuronx.diagnostics import cost_model, time_model
-from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.trainium import cost_model, time_model
+from torch_neuronx.trainium.cost_model import TensorMeta
 from torch_neuronx.python_ops import op_classes
 
 from helpers import isolated
@@ -131,8 +131,8 @@ def test_signature_counts_exact(collect):
 
 def test_mm_is_tiled_by_rows_as_torchneuron_tiles_it():
     """python_ops/jax/config.py, TilingConfig: the largest of 8192..128 rows that fits, the last tile padded."""
-    from torch_neuronx.diagnostics import neff_forecast
-    from torch_neuronx.diagnostics.cost_model import TensorMeta
+    from torch_neuronx.trainium import neff_forecast
+    from torch_neuronx.trainium.cost_model import TensorMeta
 
     assert neff_forecast.mm_tiles(1000) == [512, 256, 128, 128]
     assert neff_forecast.mm_tiles(8192 + 300) == [8192, 256, 128]
@@ -484,8 +484,12 @@ def test_profile_numbers():
     assert cost_model.parse_profile("Trainium2") == p
     with pytest.raises(ValueError, match="CHIP:LNC, e.g. Trainium2:2; got 'Trainium2:x'"):
         cost_model.parse_profile("Trainium2:x")
-    with pytest.raises(ValueError, match="LNC must be 1 or 2"):
+    with pytest.raises(ValueError, match="LNC 3 is not valid for Trainium2: valid values on Trainium2 are 2 or 1"):
         cost_model.parse_profile("Trainium2:3")
+    # one LNC check, the hardware table's: Trainium (trn1) takes LNC=1 only, and defaults to it
+    with pytest.raises(ValueError, match="valid values on Trainium are 1"):
+        cost_model.profile_for("Trainium", 2)
+    assert cost_model.parse_profile("Trainium").lnc == 1
 
 
 def test_matmul_estimate_by_hand():

@@ -21,6 +21,7 @@ LAYERS = [
     ("diagnostics",),  # readiness: observer, findings, estimate, report
     ("neuron_dynamo_backend",),  # the compiler
     ("distributed", "interop"),  # where torch.distributed and other libraries meet the device
+    ("trainium",),  # the model of Trainium: costs, time, NEFFs, attention, calibration
     ("neuron", "python_ops"),  # the device: torch.neuron and the aten kernels written in Python
     ("runtime", "version", "utils"),  # the core, the emulated hardware, shared helpers; TorchNeuron's utils
 ]
@@ -145,6 +146,13 @@ def test_the_compiler_does_not_import_the_diagnostics():
     compiler = [m for m in GRAPH if m.startswith("torch_neuronx.neuron_dynamo_backend")]
     assert compiler
     assert not {t for m in compiler for t in GRAPH[m] if t.startswith("torch_neuronx.diagnostics")}
+
+
+def test_the_simulator_does_not_import_the_diagnostics():
+    """Both stand on the model of Trainium (torch_neuronx/trainium), not one on the other."""
+    simulator = [m for m in GRAPH if m.startswith("torch_neuronx.simulate")]
+    assert simulator
+    assert not {t for m in simulator for t in GRAPH[m] if t.startswith("torch_neuronx.diagnostics")}
 
 
 def _reachable(module: str) -> set[str]:

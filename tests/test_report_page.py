@@ -155,7 +155,7 @@ def test_the_first_run_is_counted_in_neffs_and_seconds(run):
     views, host transfers and random ops (which TorchNeuron runs on the CPU); the first run costs
     their compiles (1.4-5.1 s each) plus a warm run, which costs its launches plus the roofline time:
     one estimate, and the interval of the time model's held-out error."""
-    from torch_neuronx.diagnostics import neff_forecast, time_model
+    from torch_neuronx.trainium import neff_forecast, time_model
 
     _, text, data, _ = run
     neffs, verdict = data["neffs"], data["verdict"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers.isolated import torchrun
-from torch_neuronx.diagnostics import time_model
+from torch_neuronx.trainium import time_model
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "simulate", "ddp_train.py")
 

@@ -1,4 +1,4 @@
-"""Time on Trainium (diagnostics/time_model.py): the model by hand, the step marker, the plan's time per
+"""Time on Trainium (trainium/time_model.py): the model by hand, the step marker, the plan's time per
 rank and per step, --recost, a 1,024-rank plan, and the readiness report and the plan giving one program
 the same time."""
 import json
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torch_neuronx.diagnostics import cost_model, time_model
+from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.runtime import hardware
 from torch_neuronx.simulate import step
 
@@ -71,7 +71,7 @@ def test_a_graphs_collective_hides_under_the_work_that_does_not_need_it():
 
 
 def test_a_fused_graph_moves_its_inputs_and_outputs_only():
-    from torch_neuronx.diagnostics.cost_model import TensorMeta
+    from torch_neuronx.trainium.cost_model import TensorMeta
     import torch
 
     f32 = lambda *shape: TensorMeta(shape, torch.float32, "neuron")  # noqa: E731
@@ -97,7 +97,7 @@ def test_a_fused_graph_moves_its_inputs_and_outputs_only():
 
 
 def test_the_calibration_names_its_rows_and_its_out_of_sample_error():
-    from torch_neuronx.simulate import calibration
+    from torch_neuronx.trainium import calibration
 
     cal = time_model.CALIBRATION
     assert 0 < cal.compute_fraction <= 1 and 0 < cal.hbm_fraction <= 1

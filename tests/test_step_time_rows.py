@@ -1,4 +1,4 @@
-"""The time model against AWS's published rows (torch_neuronx/simulate/calibration.py, fit.py): the
+"""The time model against AWS's published rows (torch_neuronx/trainium/calibration.py, fit.py): the
 rows and their conditions, the fit and its leave-one-out error on rows made from known constants,
 the extrapolation of a run's records from 1 and 2 layers, and the rows' programs at reduced depth
 predicting their rows. benchmarks/bench_step_time.py runs the programs at full size."""
@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from torch_neuronx.diagnostics import time_model
+from torch_neuronx.trainium import time_model
 from torch_neuronx.runtime import hardware
-from torch_neuronx.simulate import calibration, costing, fit, plan as plans
+from torch_neuronx.trainium import calibration
+from torch_neuronx.simulate import costing, fit, plan as plans
 from torch_neuronx.simulate.recorder import RankRecord
 
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs", "simulate")

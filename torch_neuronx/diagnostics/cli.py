@@ -18,7 +18,8 @@ import runpy
 import sys
 
 from torch_neuronx import diagnostics
-from torch_neuronx.diagnostics import cost_model, gate, sarif
+from torch_neuronx.diagnostics import gate, sarif
+from torch_neuronx.trainium import cost_model
 
 VALUED = ("--output-dir", "--profile", "--format", "--fail-on", "--baseline")
 

@@ -25,8 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from torch_neuronx.interop import ecosystem_errors
-from torch_neuronx.diagnostics import findings, safetensors_watch, time_model, trainium_attention
-from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.diagnostics import findings, safetensors_watch
+from torch_neuronx.trainium import attention, time_model
+from torch_neuronx.trainium.cost_model import TensorMeta
 from torch_neuronx.python_ops import op_classes
 from torch_neuronx.runtime import BACKEND_NAME, frames, hooks, ops
 
@@ -360,7 +361,7 @@ def _replayed(name: str, gm: torch.fx.GraphModule, example_inputs) -> tuple[Comp
     graph = CompiledGraph(name, recorder.ops)
     try:
         gm = copy_graph_module(gm)
-        trainium_attention.as_on_trainium(gm)  # the attention Trainium would run, costed
+        attention.as_on_trainium(gm)  # the attention Trainium would run, costed
         # A fresh fake mode and new fakes: Dynamo's own inputs and fakes stay untouched.
         with FakeTensorMode(), torch.no_grad():
             inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)

@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model, findings, neff_forecast, observer, op_tracking, places, time_model
-from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.diagnostics import findings, observer, op_tracking, places
+from torch_neuronx.trainium import cost_model, neff_forecast, time_model
+from torch_neuronx.trainium.cost_model import TensorMeta
 from torch_neuronx.python_ops import op_classes
 from torch_neuronx.python_ops.op_classes import HOST_TRANSFER, NOT_ESTIMATED
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware

@@ -150,11 +150,11 @@ def _instance(env) -> Instance:
 
 def _lnc(env, instance: Instance) -> int:
     text = env.get(LNC_ENV, "").strip()
-    valid = instance.chip.lnc_values
     if not text:
-        return valid[0]
-    if not text.isdigit() or int(text) not in valid:
-        raise _invalid(LNC_ENV, text, f"valid values on {instance.name} are {' or '.join(str(v) for v in valid)}")
+        return instance.chip.lnc_values[0]
+    problem = instance.chip.lnc_problem(int(text) if text.isdigit() else -1, instance.name)
+    if problem:
+        raise _invalid(LNC_ENV, text, problem)
     return int(text)
 
 

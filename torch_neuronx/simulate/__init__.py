@@ -49,10 +49,10 @@ def resolve(instance: str, nnodes: int | None, nproc_per_node: int, lnc: int | N
     if nodes < 1 or nproc_per_node < 1:
         raise PlanError("--nnodes and --nproc-per-node must be at least 1")
     inst = hardware.INSTANCES[name]
-    valid = inst.chip.lnc_values
-    lnc = valid[0] if lnc is None else lnc
-    if lnc not in valid:
-        raise PlanError(f"--lnc {lnc} is not valid on {name}: use {' or '.join(map(str, valid))}")
+    lnc = inst.chip.lnc_values[0] if lnc is None else lnc
+    problem = inst.chip.lnc_problem(lnc, name)
+    if problem:
+        raise PlanError(f"--lnc {lnc} is not valid on {name}: {problem.replace('valid values', 'use')}")
     cores = inst.logical_cores(lnc)
     if nproc_per_node > cores:
         raise PlanError(f"--nproc-per-node {nproc_per_node} is more than the {cores} logical NeuronCores of {name} "

@@ -7,13 +7,13 @@ it as TorchNeuron's compiler would (a forward and, when it trains, a backward gr
 part runs its aten ops on the fake tensors inside :meth:`RankRecorder.graph_call`, which costs
 them as one fused NEFF and counts one launch per call.
 
-Attention is what TorchNeuron's compiler makes of it (:mod:`torch_neuronx.diagnostics.trainium_attention`).
+Attention is what TorchNeuron's compiler makes of it (:mod:`torch_neuronx.trainium.attention`).
 """
 from __future__ import annotations
 
 import contextlib
 
-from torch_neuronx.diagnostics import trainium_attention
+from torch_neuronx.trainium import attention
 from torch_neuronx.runtime import hooks
 from torch_neuronx.simulate import replay, steps
 
@@ -54,7 +54,7 @@ def simulate_graph(gm, example_inputs, name: str):
     """What the backend returns for a Dynamo graph while a rank is simulated."""
     from torch._dynamo.backends.common import aot_autograd
 
-    trainium_attention.as_on_trainium(gm)
+    attention.as_on_trainium(gm)
     backend = aot_autograd(fw_compiler=_part(name, "forward"), bw_compiler=_part(name, "backward"),
                            inference_compiler=_part(name, "inference"), keep_inference_input_mutations=True)
     return backend(gm, example_inputs)

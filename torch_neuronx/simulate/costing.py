@@ -1,5 +1,5 @@
 """One rank's record costed on a layout (:func:`rank_spans`): its op calls, launches and
-collectives, step by step, by :mod:`torch_neuronx.diagnostics.time_model`. The plan builds its
+collectives, step by step, by :mod:`torch_neuronx.trainium.time_model`. The plan builds its
 rows from it (:mod:`.plan`), and the fit of the model's constants re-costs the published rows'
 records with it (:mod:`.fit`): one costing for both.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from torch_neuronx.diagnostics import time_model
+from torch_neuronx.trainium import time_model
 from torch_neuronx.runtime.units import id_ranges as ranges
 
 

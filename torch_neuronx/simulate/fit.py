@@ -15,8 +15,9 @@ import dataclasses
 import math
 from collections import Counter
 
-from torch_neuronx.diagnostics import cost_model, time_model
-from torch_neuronx.simulate import calibration, costing, minimize, plan as plans
+from torch_neuronx.trainium import cost_model, time_model
+from torch_neuronx.trainium import calibration
+from torch_neuronx.simulate import costing, minimize, plan as plans
 
 # The fitted constants, each a (name, read, write) of the Calibration: the others are assumed.
 FITTED = (

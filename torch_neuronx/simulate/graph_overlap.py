@@ -7,7 +7,7 @@ parallelism's all-reduce before the next matmul hides under nothing, and the red
 backward's input gradient hides under the weight gradients. While a graph's first call runs,
 :class:`GraphEvents` keeps its ops (their work and the tensors they read and write) and its
 collectives in order; :meth:`GraphEvents.kept` turns them into events the plan schedules
-(:func:`torch_neuronx.diagnostics.time_model.scheduled_hidden`). Tensors are told apart by their
+(:func:`torch_neuronx.trainium.time_model.scheduled_hidden`). Tensors are told apart by their
 storage (views of a collective's result are its result); only graphs where some work can run while
 a collective is in flight are kept.
 """

@@ -3,7 +3,7 @@
 collectives. Built from the ranks' records (:func:`build`), or again from a written plan for
 another instance (:func:`recost`); rendered by :mod:`.render`.
 
-Time follows :mod:`torch_neuronx.diagnostics.time_model`, the model the readiness report uses:
+Time follows :mod:`torch_neuronx.trainium.time_model`, the model the readiness report uses:
 a rank's op calls costed on its logical core (eager calls each launched, compiled graphs fused),
 each collective its ring steps' latency plus its bytes over the slowest link its group crosses
 (between instances: EFA, or NeuronLink inside an UltraServer; between chips: NeuronLink; inside
@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections import Counter, defaultdict
 
-from torch_neuronx.diagnostics import cost_model, time_model
+from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
 from torch_neuronx.runtime.units import id_ranges as ranges
 from torch_neuronx.simulate import costing

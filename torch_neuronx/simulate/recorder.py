@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from torch_neuronx.diagnostics import time_model
-from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.trainium import time_model
+from torch_neuronx.trainium.cost_model import TensorMeta
 from torch_neuronx.runtime import BACKEND_NAME, frames
 from torch_neuronx.simulate import compiled, graph_overlap, overlap, replay, steps
 

@@ -54,8 +54,9 @@ def profile_for(chip: str, lnc: int) -> TrainiumProfile:
     if chip not in hardware.CHIPS:
         raise ValueError(f"no cost profile for chip {chip!r}; known chips: {', '.join(sorted(hardware.CHIPS))}")
     spec = hardware.CHIPS[chip]
-    if lnc not in (1, 2) or spec.physical_cores % lnc:
-        raise ValueError(f"LNC must be 1 or 2 for {chip}, got {lnc}")
+    problem = spec.lnc_problem(lnc, chip)
+    if problem:
+        raise ValueError(f"LNC {lnc} is not valid for {chip}: {problem}")
     share = lnc / spec.physical_cores
     return TrainiumProfile(
         name=f"{chip}, one logical NeuronCore at LNC={lnc} ({lnc}/{spec.physical_cores} of a chip)",
@@ -64,11 +65,13 @@ def profile_for(chip: str, lnc: int) -> TrainiumProfile:
 
 
 def parse_profile(text: str) -> TrainiumProfile:
-    """'CHIP:LNC' ('Trainium2:2', 'Trainium3:1'; ':LNC' defaults to 2) -> its profile."""
+    """'CHIP:LNC' ('Trainium2:2', 'Trainium3:1'; ':LNC' defaults to the chip's default) -> its profile."""
     chip, _, lnc = text.partition(":")
     if lnc and not lnc.strip().isdigit():
         raise ValueError(f"a Trainium profile is CHIP:LNC, e.g. Trainium2:2; got {text!r}")
-    return profile_for(chip.strip(), int(lnc or 2))
+    chip = chip.strip()
+    default = hardware.CHIPS[chip].lnc_values[0] if chip in hardware.CHIPS else 2
+    return profile_for(chip, int(lnc) if lnc else default)
 
 
 def current_profile() -> TrainiumProfile:

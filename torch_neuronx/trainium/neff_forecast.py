@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from torch_neuronx.diagnostics.cost_model import TensorMeta
+from torch_neuronx.trainium.cost_model import TensorMeta
 from torch_neuronx.python_ops import op_classes
 
 MM_TILE_ROWS = (8192, 4096, 2048, 1024, 512, 256, 128)

@@ -25,8 +25,8 @@ from collections import Counter
 
 import torch
 
-from torch_neuronx.diagnostics import cost_model, neff_forecast
-from torch_neuronx.diagnostics.cost_model import TensorMeta, TrainiumProfile
+from torch_neuronx.trainium import cost_model, neff_forecast
+from torch_neuronx.trainium.cost_model import TensorMeta, TrainiumProfile
 from torch_neuronx.python_ops import op_classes
 
 NEURONLINK, EFA = "NeuronLink", "EFA"
@@ -67,7 +67,7 @@ def _geometric_mean(pair: tuple[float, float]) -> float:
 
 DEFAULT_LINK_CHIP = "Trainium2"  # a chip without rows of its own (Trainium3) takes Trainium2's NeuronLink fraction
 # Fitted (benchmarks/bench_step_time.py, on full-size plans; torch_neuronx/simulate/fit.py) to the rows
-# of torch_neuronx/simulate/calibration.py, each through a program of its shape, and rounded to two
+# of torch_neuronx/trainium/calibration.py, each through a program of its shape, and rounded to two
 # digits; held out one at a time, the rows fell within held_out of the predictions (docs/step-time.md).
 # EFA's fraction and step latency are assumed: the training rows' EFA transfers are 0.1% (8B) and 4% (7B)
 # of their step at these values, too little for the rows to fix them.

@@ -1,6 +1,6 @@
 """AWS's published end-to-end figures (:data:`ROWS`), each with the conditions it was measured in,
 and the program run (:data:`RUNS`) whose plan predicts it: what the time model's unpublished
-constants (:data:`torch_neuronx.diagnostics.time_model.CALIBRATION`) are fitted to and validated on
+constants (:data:`torch_neuronx.trainium.time_model.CALIBRATION`) are fitted to and validated on
 (leave one out: :mod:`.fit`).
 
 Every row is copied as published from aws-neuron/aws-neuron-sdk (the source of
