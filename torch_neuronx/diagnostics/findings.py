@@ -197,27 +197,26 @@ def _layout(t: torch.Tensor) -> str:
     return "strided"
 
 
-def _computes(op: str) -> bool:
+def _computes(op: op_classes.OpClass) -> bool:
     """Whether TorchNeuron computes this op on a NeuronCore (in 32 bits): copies move int64 values as
     they are, and ops it runs on the CPU compute them in 64 bits."""
-    return op_classes.op_kind(op) in ("device", "collective", "dropout")
+    return op.kind in ("device", "collective", "dropout")
 
 
-def _may_change_layout(op: str, inputs) -> bool:
+def _may_change_layout(op: op_classes.OpClass, inputs) -> bool:
     """A copy of a 4-D or 5-D tensor: whether it changes the memory format shows in each call's strides,
     which the signature leaves out, so every such call is looked at."""
-    return op_classes.base_name(op) == "_to_copy" and any(t.dim() in (4, 5) for t in inputs)
+    return op.base == "_to_copy" and any(t.dim() in (4, 5) for t in inputs)
 
 
-def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
+def trainium_hits(op: op_classes.OpClass, inputs, results) -> list[tuple[str, str]]:
     """What TorchNeuron's eager rules (python_ops/trainium_semantics.py) make of this call: a copy that
     changes the memory format, a dtype its JAX lowering lacks, a reduction without identity over
     nothing. Each raises on Trainium."""
     neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
     if not neuron:
         return []
-    kind = op_classes.op_kind(op)
-    base = op_classes.base_name(op)
+    kind, base = op.kind, op.base
     hits = []
     if base == "_to_copy" and inputs and results:
         before, after = _layout(inputs[0]), _layout(results[0])
@@ -229,7 +228,7 @@ def trainium_hits(op: str, inputs, results) -> list[tuple[str, str]]:
         fmt = "channels_last" if inputs[0].dim() == 4 else "channels_last_3d"
         hits.append(("layout-change", f"contiguous(memory_format=torch.{fmt})"))
     if kind == "device":
-        target = next((t for t in op_classes.written_tensors(op, inputs)
+        target = next((t for t in op.written_tensors(inputs)
                        if trainium_semantics.refused_write_target(t)), None)
         if target is not None:
             hits.append(("non-contiguous-write", f"writes into a non-contiguous {tuple(target.shape)} tensor "
@@ -259,20 +258,20 @@ class Detector:
             finding.count += 1
 
     @staticmethod
-    def _op_hits(op: str, wide: set[str]) -> list[tuple[str, str]]:
+    def _op_hits(op: op_classes.OpClass, wide: set[str]) -> list[tuple[str, str]]:
         """What the op itself, and the float64/complex128 dtypes it saw on neuron, would do on Trainium."""
         hits = []
-        entry = op_classes.lookup(op)
-        if op_classes.uses_generator(op):  # most are in the table too: one finding says it
+        if op.draws:  # most are in the table too: one finding says it
             hits.append(("device-rng", "draws random numbers on neuron"))
-        elif entry is not None:
-            hits.append(("cpu-fallback", entry.reason))
+        elif op.entry is not None:
+            hits.append(("cpu-fallback", op.entry.reason))
         if wide:
             hits.append(("float64", f"{', '.join(sorted(wide))} tensors"))
         return hits
 
     def check_call(self, op: str, inputs: list[torch.Tensor], results: list[torch.Tensor]) -> None:
         """Look at one op call on neuron; computes the user's line only when something is found."""
+        facts = op_classes.classify(op)
         wide: set[str] = set()
         out_of_range = None
         for t in (*inputs, *results):  # one pass; only neuron tensors are Trainium's business
@@ -281,15 +280,15 @@ class Detector:
                 if t.device.type == BACKEND_NAME:
                     wide.add(str(dtype).replace("torch.", ""))
             elif dtype is torch.int64 and out_of_range is None and t.numel() > 0 and t.device.type == BACKEND_NAME \
-                    and _computes(op):
+                    and _computes(facts):
                 low, high = (int(v) for v in torch.aminmax(t))
                 if low < INT32_MIN or high > INT32_MAX:
                     out_of_range = f"values in [{low}, {high}] leave the int32 range"
-        hits = self._op_hits(op, wide) + trainium_hits(op, inputs, results)
+        hits = self._op_hits(facts, wide) + trainium_hits(facts, inputs, results)
         if out_of_range is not None:
             hits.append(("int64-range", out_of_range if not op.startswith("c10d::") else
                          f"{out_of_range}: TorchNeuron's process group sends int64 as int32"))
-        sync = self._sync(op_classes.base_name(op), inputs, results)
+        sync = self._sync(facts.base, inputs, results)
         if not hits and sync is None:
             return
         site, printing = user_site()
@@ -304,11 +303,12 @@ class Detector:
         signature alone, except the int64 range, which depends on the values."""
         neuron = [t for t in (*inputs, *results) if t.device.type == BACKEND_NAME]
         wide = {str(t.dtype).replace("torch.", "") for t in neuron if t.dtype in (torch.float64, torch.complex128)}
+        facts = op_classes.classify(op)
         flags = 0
-        if self._op_hits(op, wide) or self._sync(op_classes.base_name(op), inputs, results) is not None \
-                or trainium_hits(op, inputs, results) or _may_change_layout(op, inputs):
+        if self._op_hits(facts, wide) or self._sync(facts.base, inputs, results) is not None \
+                or trainium_hits(facts, inputs, results) or _may_change_layout(facts, inputs):
             flags |= CHECK_EVERY_CALL
-        if any(t.dtype is torch.int64 for t in neuron) and _computes(op):
+        if any(t.dtype is torch.int64 for t in neuron) and _computes(facts):
             flags |= CHECK_INT64_RANGE
         return flags
 
@@ -321,7 +321,8 @@ class Detector:
         (NativeDropoutOp.sample), so it draws what eager draws."""
         wide = {str(m.dtype).replace("torch.", "") for m in (*inputs, *results)
                 if m.device == BACKEND_NAME and m.dtype in (torch.float64, torch.complex128)}
-        if op_classes.uses_generator(op) and op_classes.base_name(op) != "native_dropout":
+        facts = op_classes.classify(op)
+        if facts.draws and facts.base != "native_dropout":
             self.add("compiled-rng", op, site, "in a compiled graph: drawn by the compiled program")
         if wide:
             self.add("float64", op, site, f"in a compiled graph: {', '.join(sorted(wide))} tensors, narrowed to "

@@ -5,10 +5,12 @@ findings and Trainium's eager semantics all read.
 - the host table's entry (:func:`lookup` in :mod:`.host_ops`' data);
 - what TorchNeuron does with it (:func:`op_kind`: device, host, move, dropout, collective);
 - the family the estimate reports it under (:func:`family`: matmul, convolution, attention, ...)
-  and whether it draws random numbers (:func:`uses_generator`).
+  and whether it draws random numbers (:func:`uses_generator`);
+- all that the findings ask, at once (:func:`classify`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -86,7 +88,11 @@ def written_arguments(op: str) -> tuple[bool, int]:
 
 def written_tensors(op: str, tensors: list) -> list:
     """Of an op call's tensor arguments in order (those present), the ones it writes values into."""
-    first, outs = written_arguments(op)
+    return _written_of(written_arguments(op), tensors)
+
+
+def _written_of(written: tuple[bool, int], tensors: list) -> list:
+    first, outs = written
     return (tensors[:1] if first else []) + (tensors[len(tensors) - outs:] if outs else [])
 
 
@@ -149,6 +155,26 @@ def op_kind(name: str) -> str:
     except (AttributeError, RuntimeError):
         pass
     return "collective" if name.partition("::")[0] == "c10d" else "device"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpClass:
+    """All that the readiness findings ask of an op name, answered at once."""
+    base: str  # base_name
+    kind: str  # op_kind
+    entry: UnsupportedOp | None  # lookup: the host table's entry
+    draws: bool  # uses_generator
+    written: tuple[bool, int]  # written_arguments
+
+    def written_tensors(self, tensors: list) -> list:
+        """Of a call's tensor arguments in order, the ones it writes values into."""
+        return _written_of(self.written, tensors)
+
+
+@functools.lru_cache(maxsize=None)
+def classify(op: str) -> OpClass:
+    """The :class:`OpClass` of an op name ('aten::add_.Tensor')."""
+    return OpClass(base_name(op), op_kind(op), lookup(op), uses_generator(op), written_arguments(op))
 
 
 @functools.lru_cache(maxsize=None)
