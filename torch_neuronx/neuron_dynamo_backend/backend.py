@@ -2,8 +2,8 @@
 
 Dynamo hands over a graph of neuron tensors. :func:`neuron_backend` checks the arguments, makes it a
 CPU graph (:mod:`.host_graph`), lowers it as TorchNeuron would when the readiness report or the
-artifacts want it (the inductor executor's readiness step), compiles it with the chosen executor
-(:mod:`.executors`: ``inductor``, the default, or ``xla``) and wraps the result so it runs on the
+artifacts want it and the executor does not lower it itself, compiles it with the chosen executor
+(:mod:`.executors`, each an :class:`~.executors.Executor`) and wraps the result so it runs on the
 neuron tensors' own bytes (:mod:`.bridge`).
 Compiled graphs are kept in the compile cache like TorchNeuron's NEFFs (:mod:`.caching`).
 
@@ -68,16 +68,18 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     observer = hooks.compiled_graph_observer  # diagnostics, when they observe: cost each call of this graph
     try:
         start = time.perf_counter()
-        name = config.executor(options)
+        executor = executors.executor(config.executor(options))
         if _has_subclasses(example_inputs):
-            call, packaged = _compile_unwrapping_subclasses(gm, example_inputs, name, settings, metrics, observer), False
+            call = _compile_unwrapping_subclasses(gm, example_inputs, executor, settings, metrics, observer)
+            packaged = False
         else:
             if observer is not None:
                 observer.record_compiled_graph(metrics.graph_name, gm, example_inputs)
             host = host_graph.for_host(gm, example_inputs)
             metrics.fx_passes_us = (time.perf_counter() - start) * 1e6
-            readiness_s = _lower_for_readiness(host.gm, host.inputs, settings, None) if name == "inductor" else 0.0
-            compiled, packaged = executors.executor_module(name).compile_graph(host, settings, metrics)
+            readiness_s = 0.0 if executor.lowers_as_torchneuron else _lower_for_readiness(host.gm, host.inputs,
+                                                                                           settings, None)
+            compiled, packaged = executor.compile_graph(host, settings, metrics)
             metrics.lower_us += readiness_s * 1e6
             call = bridge.run_graph_on_neuron(compiled, host.lifted)
     except Exception as error:
@@ -106,8 +108,8 @@ def _settings(gm: torch.fx.GraphModule, options: dict[str, Any]) -> tuple[config
 def _lower_for_readiness(gm: torch.fx.GraphModule, inputs, settings: config.CompileSettings,
                          kind: str | None) -> float:
     """The readiness step: while the report observes (``settings.on_lowered``) or artifacts are kept,
-    a graph Inductor runs is also lowered to StableHLO as TorchNeuron would (the xla executor lowers
-    it anyway): a Dynamo graph (``kind`` None) through AOTAutograd, or one graph AOTAutograd already
+    a graph whose executor does not lower it as TorchNeuron would (``lowers_as_torchneuron``) is
+    lowered to StableHLO here: a Dynamo graph (``kind`` None) through AOTAutograd, or one graph AOTAutograd already
     made (its ``kind``). Whatever happens here, the graph still compiles and runs. Returns the seconds taken."""
     if settings.on_lowered is None and not config.artifacts_preserved():
         return 0.0
@@ -148,7 +150,7 @@ def _has_subclasses(example_inputs) -> bool:
     return any(is_traceable_wrapper_subclass(x) for x in example_inputs)
 
 
-def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, executor: str,
+def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, executor: executors.Executor,
                                    settings: config.CompileSettings, metrics: graph_metrics.GraphMetrics,
                                    observer) -> Callable:
     """A graph with tensor-subclass inputs (the DTensor parameters of a tensor-parallel model), for
@@ -159,8 +161,6 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
     from torch._guards import detect_fake_mode
 
-    module = executors.executor_module(executor)
-
     def compile_plain(plain: torch.fx.GraphModule, plain_inputs, kind: str) -> Callable:
         metrics.has_collectives = metrics.has_collectives or _has_collectives(plain)  # DTensor's, now explicit
         if observer is not None and kind != "backward":
@@ -168,9 +168,9 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
         fake_mode = detect_fake_mode(plain_inputs)
         host_graph.rewrite_to_cpu(plain, fake_mode)
         cpu_inputs = host_graph.cpu_example_inputs(plain_inputs, fake_mode)
-        if executor == "inductor":  # the xla executor lowers (and hands the backward over) itself
+        if not executor.lowers_as_torchneuron:  # else it lowers (and hands the backward over) itself
             metrics.lower_us += _lower_for_readiness(plain, cpu_inputs, settings, kind) * 1e6
-        compiled = module.compile_plain_graph(plain, cpu_inputs, settings, metrics, kind)
+        compiled = executor.compile_plain_graph(plain, cpu_inputs, settings, metrics, kind)
         return make_boxed_func(bridge.run_graph_on_neuron(compiled))
 
     start, added_before = time.perf_counter(), metrics.compile_us + metrics.lower_us
@@ -178,7 +178,7 @@ def _compile_unwrapping_subclasses(gm: torch.fx.GraphModule, example_inputs, exe
         gm, example_inputs, fw_compiler=functools.partial(compile_plain, kind="forward"),
         bw_compiler=functools.partial(compile_plain, kind="backward"),
         inference_compiler=functools.partial(compile_plain, kind="inference"),
-        decompositions=module.decompositions(), keep_inference_input_mutations=True)
+        decompositions=executor.decompositions(), keep_inference_input_mutations=True)
     # AOTAutograd's own tracing and partitioning, on top of what the plain graphs' compiles and
     # lowerings added (a backward compiled later, at the first backward, adds its own then).
     added_us = metrics.compile_us + metrics.lower_us - added_before

@@ -8,7 +8,6 @@ import os
 import shlex
 from typing import Any, Callable
 
-from torch_neuronx.neuron_dynamo_backend.executors import EXECUTORS as EXECUTOR_MODULES
 from torch_neuronx.runtime import env_flag
 
 KNOWN_OPTIONS = ("compiler_args", "executor", "fallback_execution", "model_name")
@@ -19,7 +18,7 @@ RETAIN_DEVICE_MODE_ENV = "TORCH_NEURONX_RETAIN_DEVICE_MODE"
 # inductor: Inductor's CPU code, bit-identical to CPU eager. xla: TorchNeuron's StableHLO program,
 # run by XLA:CPU, computing what Trainium would be given (float64 as float32, ...).
 EXECUTOR_ENV = "TORCH_NEURONX_COMPILE_EXECUTOR"
-EXECUTORS = tuple(EXECUTOR_MODULES)
+EXECUTORS = ("inductor", "xla")  # each a module of executors/ by that name
 # TorchNeuron's variable. Set (the default): a compile failure raises NEFFCompilationError;
 # "0": it warns and the graph runs eagerly.
 FALLBACK_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"

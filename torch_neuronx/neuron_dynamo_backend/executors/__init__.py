@@ -1,6 +1,6 @@
 """The executors of compiled graphs, by the name ``TORCH_NEURONX_COMPILE_EXECUTOR`` (or
-``options={"executor": ...}``) gives: each a module with ``compile_graph(host, settings, metrics)``
-returning (the compiled graph, whether Dynamo's package of the function now holds it).
+``options={"executor": ...}``) gives (the names are :data:`..config.EXECUTORS`): each module holds one
+:class:`Executor`, ``EXECUTOR``.
 
 - ``inductor`` (the default, :mod:`.inductor`): Inductor's CPU code, equal to
   ``torch.compile(backend="inductor")`` on CPU bit for bit;
@@ -12,13 +12,34 @@ faithful front end (nor torch-mlir and jax) unless the readiness report asks for
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from types import ModuleType
+from typing import Callable
 
-EXECUTORS = {"inductor": "torch_neuronx.neuron_dynamo_backend.executors.inductor",
-             "xla": "torch_neuronx.neuron_dynamo_backend.executors.xla"}
+from torch_neuronx.neuron_dynamo_backend import config
+
+_PACKAGE = __name__
 
 
-def executor_module(name: str) -> ModuleType:
-    """The module of executor ``name`` (one of :data:`EXECUTORS`, as config.executor checked)."""
-    return importlib.import_module(EXECUTORS[name])
+@dataclasses.dataclass(frozen=True)
+class Executor:
+    """What an executor does with the graphs it is given; the backend takes one path for every graph."""
+    name: str
+    # (HostGraph, CompileSettings, GraphMetrics) -> (the compiled graph, whether Dynamo's package of
+    # the function now holds it)
+    compile_graph: Callable
+    # (a plain graph AOTAutograd made of one with tensor-subclass inputs, rewritten to CPU; its CPU
+    # inputs; CompileSettings; GraphMetrics; its kind) -> the compiled graph, or a clear error
+    compile_plain_graph: Callable
+    # () -> the table AOTAutograd decomposes with for this executor
+    decompositions: Callable[[], dict]
+    # Whether compiling lowers each graph as TorchNeuron would anyway (the report's lowering comes
+    # with it); else the backend lowers it for the report when the report observes
+    lowers_as_torchneuron: bool
+
+
+def executor(name: str) -> Executor:
+    """Executor ``name`` (one of :data:`..config.EXECUTORS`, as :func:`..config.executor` checked)."""
+    if name not in config.EXECUTORS:
+        raise ValueError(f"no executor {name!r}: the executors are {', '.join(config.EXECUTORS)}")
+    return importlib.import_module(f"{_PACKAGE}.{name}").EXECUTOR

@@ -9,6 +9,7 @@ from typing import Callable
 
 from torch_neuronx.neuron_dynamo_backend.caching import graph_cache, precompile
 from torch_neuronx.neuron_dynamo_backend.config import CompileSettings
+from torch_neuronx.neuron_dynamo_backend.executors import Executor
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
 from torch_neuronx.neuron_dynamo_backend.metrics import GraphMetrics
 
@@ -52,3 +53,6 @@ def compile_plain_graph(plain, cpu_inputs, settings: CompileSettings, metrics: G
     metrics.compile_us += (time.perf_counter() - start) * 1e6
     metrics.cache = "uncached"
     return lambda *args: output_code(list(args))
+
+
+EXECUTOR = Executor("inductor", compile_graph, compile_plain_graph, decompositions, lowers_as_torchneuron=False)

@@ -15,7 +15,7 @@ from torch_neuronx.neuron_dynamo_backend import faithful
 from torch_neuronx.neuron_dynamo_backend.caching import isa_probe, neff_cache
 from torch_neuronx.neuron_dynamo_backend.config import CompileSettings, artifacts_preserved
 from torch_neuronx.neuron_dynamo_backend.exceptions import NEFFCompilationError
-from torch_neuronx.neuron_dynamo_backend.executors import xla_program
+from torch_neuronx.neuron_dynamo_backend.executors import Executor, xla_program
 from torch_neuronx.neuron_dynamo_backend.faithful import collectives, lowering
 from torch_neuronx.neuron_dynamo_backend import host_graph
 from torch_neuronx.neuron_dynamo_backend.host_graph import HostGraph
@@ -247,3 +247,6 @@ class _CompiledSegment(torch.nn.Module):
     def forward(self, *args):
         results = self.runner(list(args))
         return results[0] if self.single else tuple(results)
+
+
+EXECUTOR = Executor("xla", compile_graph, compile_plain_graph, decompositions, lowers_as_torchneuron=True)
