@@ -24,6 +24,18 @@ inline int op_tracking_level() { return g_op_tracking_level.load(std::memory_ord
 void record_op(const CallContext& ctx) noexcept;
 // The name of the CallContext that carries a compiled graph's inputs: not an op, not tracked.
 extern const char kCompiledGraphCall[];
+// While one lives on this thread, op calls are neither counted nor observed: the kernel TorchNeuron
+// would not run (an index whose boolean mask selects nothing).
+class UntrackedScope {
+ public:
+  explicit UntrackedScope(bool on);
+  ~UntrackedScope();
+  UntrackedScope(const UntrackedScope&) = delete;
+  UntrackedScope& operator=(const UntrackedScope&) = delete;
+
+ private:
+  bool was_;
+};
 void set_op_tracking_level(int64_t level);
 std::tuple<std::vector<std::string>, std::vector<int64_t>> op_counts();
 void clear_op_counts();

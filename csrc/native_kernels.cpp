@@ -184,7 +184,33 @@ void convolution_backward_masked(const c10::OperatorHandle& op, torch::jit::Stac
   }
 }
 
+// Whether a boolean mask (neuron memory is host memory; a CPU mask is read as is) selects anything.
+bool any_selected(const at::Tensor& mask) {
+  if (mask.numel() == 0) return false;
+  const at::Tensor host = mask.device().is_cpu()
+                              ? mask
+                              : at::from_blob(mask.data_ptr(), mask.sizes(), mask.strides(),
+                                              at::TensorOptions().dtype(at::kBool).device(at::kCPU));
+  return host.any().item<bool>();
+}
+
+// TorchNeuron's index kernel turns each boolean index into integer indices with its nonzero kernel
+// (python_ops/legacy/xla_ops/index_xla.py), and a mask that selects nothing does not end in its index
+// kernel (its test_index.py: test_boolean_mask_all_false). Op tracking follows; the values are CPU's.
+void index_tracked_as_torchneuron(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  bool selects_nothing = false;
+  for (const std::optional<at::Tensor>& index : stack->back().toOptionalTensorList().vec()) {
+    if (index.has_value() && index->defined() && index->scalar_type() == at::kBool) {
+      track_op("nonzero", index->device().type() == kNeuron ? std::vector<at::Tensor>{*index} : std::vector<at::Tensor>{});
+      selects_nothing = selects_nothing || !any_selected(*index);
+    }
+  }
+  UntrackedScope untracked(selects_nothing);
+  neuron_fallback(op, stack);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&index_tracked_as_torchneuron>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&convolution_backward_masked>());
   m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));

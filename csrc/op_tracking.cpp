@@ -33,6 +33,7 @@ std::unordered_map<const char*, OpCount> g_counts;
 
 // Ops the observer itself runs (its range checks, the Python detector's) are not the user's.
 thread_local bool t_in_observer = false;
+thread_local bool t_untracked = false;  // an UntrackedScope is on
 std::atomic<bool> g_allocated{false};
 
 // ---- level 2: diagnostics' per-call bookkeeping ------------------------------------------
@@ -185,7 +186,7 @@ void observe(const CallContext& ctx) {
 void record_op(const CallContext& ctx) noexcept {
   const char* name = ctx.op_name();
   // The observer's own ops, a failed call, or a compiled graph's entry (its ops are not eager calls).
-  if (t_in_observer || std::uncaught_exceptions() > 0 || name == kCompiledGraphCall) return;
+  if (t_in_observer || t_untracked || std::uncaught_exceptions() > 0 || name == kCompiledGraphCall) return;
   // A part of an op counted under TorchNeuron's name (named_ops.cpp) is observed, not counted.
   if (!inside_named_op()) {
     std::lock_guard<std::mutex> lock(g_counts_mutex);
@@ -267,6 +268,9 @@ void clear_op_counts() {
   g_counts.clear();
   g_allocated.store(false, std::memory_order_relaxed);
 }
+
+UntrackedScope::UntrackedScope(bool on) : was_(t_untracked) { t_untracked = t_untracked || on; }
+UntrackedScope::~UntrackedScope() { t_untracked = was_; }
 
 void count_allocation() noexcept {
   // Read first: every fresh result comes here, and a store would dirty the shared line each time.

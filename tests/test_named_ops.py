@@ -120,3 +120,25 @@ def test_data_assignment_across_devices_is_tracked_as_torchneurons_kernel():
     x.data = y
     assert torch_neuronx.get_executed_ops() == ["aten::_has_compatible_shallow_copy_type"]
     assert x.device.type == "neuron" and torch.equal(x.cpu(), y.cpu())
+
+
+@pytest.mark.parametrize("selected", [0, 1, 3])
+def test_a_boolean_index_is_tracked_as_torchneurons_nonzero_and_index(selected):
+    """TorchNeuron's index turns a boolean mask into indices with its nonzero kernel, and a mask that
+    selects nothing never reaches its index kernel (its test_index.py); the values stay CPU's."""
+    x = torch.randn(3, 4)
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask.view(-1)[:selected] = True
+    xn, mn = x.to(N), mask.to(N)
+    torch_neuronx.clear_op_tracking()
+    got = xn[mn]
+    executed = torch_neuronx.get_executed_ops()
+    assert torch.equal(got.cpu(), x[mask])
+    assert "aten::nonzero" in executed
+    assert ("aten::index.Tensor" in executed) == (selected > 0), executed
+    torch_neuronx.clear_op_tracking()
+    assert torch.equal(xn[mn[:, 0], 1:].cpu(), x[mask[:, 0], 1:])  # a mask of one dimension, beside a slice
+    rows = torch.tensor([0, 2], device=N)
+    torch_neuronx.clear_op_tracking()
+    xn[rows]  # integer indices: no nonzero
+    assert torch_neuronx.get_executed_ops() == ["aten::empty_strided", "aten::index.Tensor"]
