@@ -142,3 +142,48 @@ def test_a_boolean_index_is_tracked_as_torchneurons_nonzero_and_index(selected):
     torch_neuronx.clear_op_tracking()
     xn[rows]  # integer indices: no nonzero
     assert torch_neuronx.get_executed_ops() == ["aten::empty_strided", "aten::index.Tensor"]
+
+
+@pytest.mark.parametrize("input_dtype, weight_dtype", [
+    (torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+    (torch.bfloat16, torch.bfloat16)])
+def test_rms_norm_is_torchneurons_fused_pair_with_cpus_values(input_dtype, weight_dtype):
+    """TorchNeuron registers rms_norm: float32 for a half input beside another weight dtype, one
+    _fused_rms_norm call forward and one _fused_rms_norm_backward call backward (its test_rms_norm.py).
+    The values, forward and backward, are CPU's bit for bit."""
+    x = torch.randn(4, 8, dtype=input_dtype, requires_grad=True)
+    w = torch.randn(8, dtype=weight_dtype, requires_grad=True)
+    xn, wn = (t.detach().to(N).requires_grad_() for t in (x, w))
+    scale = torch.arange(32.0).view(4, 8)
+    scale_n = scale.to(N)
+    torch_neuronx.clear_op_tracking()
+    out = F.rms_norm(xn, (8,), wn, 1e-5)
+    forward = torch_neuronx.get_executed_ops()
+    torch_neuronx.clear_op_tracking()
+    (out.float() * scale_n).sum().backward()
+    backward = torch_neuronx.get_executed_ops()
+    expected = F.rms_norm(x, (8,), w, 1e-5)
+    (expected.float() * scale).sum().backward()
+    assert out.dtype == expected.dtype and torch.equal(out.detach().cpu(), expected.detach())
+    assert torch.equal(xn.grad.cpu(), x.grad) and torch.equal(wn.grad.cpu(), w.grad)
+    assert "aten::_fused_rms_norm" in forward and "aten::pow.Tensor_Scalar" not in forward, forward
+    assert "aten::_fused_rms_norm_backward" in backward and "aten::rsqrt" not in backward, backward
+
+
+def test_rms_norm_backward_twice_and_of_the_backward():
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    results = []
+    for device in ("cpu", N):
+        a, b = (t.detach().to(device).requires_grad_() for t in (x, w))
+        loss = F.rms_norm(a, (8,), b).pow(2).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()  # a second backward: the recorded graph is gone, the composite runs again
+        first = (a.grad.clone(), b.grad.clone())
+        a.grad = b.grad = None
+        (g,) = torch.autograd.grad(F.rms_norm(a, (8,), b).pow(3).sum(), a, create_graph=True)
+        g.sum().backward()
+        results.append((*first, g, a.grad, b.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-12, atol=1e-12)  # a backward of one: to rounding
+    assert all(torch.equal(got.cpu(), want) for got, want in zip(results[1][:3], results[0][:3]))
