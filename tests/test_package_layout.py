@@ -249,3 +249,26 @@ def test_nothing_in_the_repository_points_outside_it():
             continue
         hits += [f"{name}: {needle}" for needle in outside if needle in text]
     assert not hits, hits
+
+
+def test_every_result_has_one_shape_and_one_writer(tmp_path):
+    """The report, a structure plan and a numerics plan share to_dict, text and html, and
+    runtime.outputs.write writes any of them: <stem>.txt/.json/.html, the JSON being to_dict."""
+    import json
+
+    from torch_neuronx.diagnostics.report import Report
+    from torch_neuronx.runtime import outputs
+    from torch_neuronx.simulate.numerics import NumericsPlan
+    from torch_neuronx.simulate.plan import Plan
+
+    for cls, stem in ((Report, "report"), (Plan, "plan"), (NumericsPlan, "plan")):
+        assert cls.stem == stem and all(callable(getattr(cls, name)) for name in ("to_dict", "text", "html"))
+    plan = NumericsPlan(script="/x/train.py", args=[], instance="trn2.3xlarge", lnc=2, nnodes=1, nproc_per_node=2,
+                        world_size=2, numerics={"ok": True, "tolerance": "rtol 1e-05", "outputs": {}})
+    paths = outputs.write(plan, str(tmp_path))
+    assert sorted(paths) == ["html", "json", "txt"]
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan.to_dict()
+    assert (tmp_path / "plan.txt").read_text() == plan.text()
+    assert (tmp_path / "plan.html").read_text().startswith("<!DOCTYPE html>")
+    with pytest.raises(ValueError, match="unknown plan format sarif"):
+        outputs.write(plan, str(tmp_path), ("sarif",))

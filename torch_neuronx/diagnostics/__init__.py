@@ -48,16 +48,11 @@ def write(result: Report, directory: str, formats=DEFAULT_FORMATS, exit_status: 
     """Write ``result`` into ``directory`` as report.<format> for each of ``formats`` (txt, json, html,
     sarif); returns the paths by format. The SARIF log records ``exit_status`` (the run's) and, given
     ``new_findings`` (those a baseline does not hold), which findings are new."""
-    from torch_neuronx.diagnostics import html, places, sarif
+    from torch_neuronx.diagnostics import places, sarif
     from torch_neuronx.runtime import outputs
 
-    unknown = [kind for kind in formats if kind not in FORMATS]
-    if unknown:
-        raise ValueError(f"unknown report format {', '.join(unknown)}: use {', '.join(FORMATS)}")
-    render = {"txt": lambda: str(result), "json": result.to_json, "html": lambda: html.render(result),
-              "sarif": lambda: sarif.render(result.findings, places.repository_root(), exit_status, new_findings)}
-    written = outputs.write_files(directory, {f"report.{kind}": render[kind]() + "\n" for kind in formats})
-    return {name.split(".")[1]: path for name, path in written.items()}
+    return outputs.write(result, directory, formats, more={
+        "sarif": lambda: sarif.render(result.findings, places.repository_root(), exit_status, new_findings)})
 
 
 def _print_at_exit() -> None:

@@ -10,6 +10,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -95,16 +96,26 @@ class Report:
     memory_timeline_device: str
     assumptions: list[str] = field(default_factory=list)
 
+    stem: ClassVar[str] = "report"  # its files: report.txt, report.json, ... (runtime.outputs.write)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
-    def __str__(self) -> str:
+    def text(self) -> str:
         from torch_neuronx.diagnostics import text
 
         return text.render(self)
+
+    def html(self) -> str:
+        from torch_neuronx.diagnostics import html
+
+        return html.render(self)
+
+    def __str__(self) -> str:
+        return self.text()
 
 
 def graph_kind(graph) -> str:

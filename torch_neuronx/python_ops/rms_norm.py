@@ -111,11 +111,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 def install() -> None:
     """Register the kernels for neuron (once per process), before the named composites are read."""
     global _library
-    if _library is not None:
-        return
-    library = torch.library.Library("aten", "IMPL")
-    library.impl("rms_norm", rms_norm, "AutogradPrivateUse1")
-    library.impl("rms_norm", rms_norm, "PrivateUse1")
-    library.impl("_fused_rms_norm", _fused_rms_norm_autograd, "AutogradPrivateUse1")
-    library.impl("_fused_rms_norm", _fused_rms_norm, "PrivateUse1")
-    _library = library
+    if _library is None:
+        _library = torch.library.Library("aten", "IMPL")
+        for name, kernel, key in (("rms_norm", rms_norm, "AutogradPrivateUse1"), ("rms_norm", rms_norm, "PrivateUse1"),
+                                  ("_fused_rms_norm", _fused_rms_norm_autograd, "AutogradPrivateUse1"),
+                                  ("_fused_rms_norm", _fused_rms_norm, "PrivateUse1")):
+            _library.impl(name, kernel, key)

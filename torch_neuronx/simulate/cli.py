@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from torch_neuronx.runtime import outputs
 from torch_neuronx.runtime.units import id_ranges
 
 PROG = "python -m torch_neuronx.simulate"
@@ -75,18 +76,17 @@ def main(argv=None) -> int:
     except simulate.PlanError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    from torch_neuronx.simulate import render
 
     if args.numerics:
         from torch_neuronx.simulate import numerics
 
-        outputs = [n.strip() for n in args.outputs.split(",") if n.strip()] if args.outputs else None
-        result = numerics.run(script, args.args, instance, nnodes, args.nproc_per_node, lnc, outputs)
+        compared = [n.strip() for n in args.outputs.split(",") if n.strip()] if args.outputs else None
+        result = numerics.run(script, args.args, instance, nnodes, args.nproc_per_node, lnc, compared)
     else:
         progress = None if args.quiet else Progress(args.nproc_per_node * nnodes)
         result = simulate.structure(script, args.args, instance, nnodes, args.nproc_per_node, lnc, progress,
                                     jobs=args.jobs, all_ranks=args.all_ranks)
-    render.write(result, args.out)
+    outputs.write(result, args.out)
     return report(result, args.out, args.quiet)
 
 
@@ -115,7 +115,7 @@ def recost(args) -> int:
     import json
 
     from torch_neuronx import simulate
-    from torch_neuronx.simulate import plan as plans, render
+    from torch_neuronx.simulate import plan as plans
 
     try:
         with open(args.recost, encoding="utf-8") as f:
@@ -141,15 +141,14 @@ def recost(args) -> int:
     except (simulate.PlanError, ValueError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    render.write(result, args.out)
+    outputs.write(result, args.out)
     return report(result, args.out, args.quiet)
 
 
 def report(result, out: str, quiet: bool) -> int:
-    from torch_neuronx.simulate import render
 
     if not quiet:
-        sys.stdout.write(render.text(result))
+        sys.stdout.write(result.text())
     where = os.path.join(out, "plan.json")
     if result.mode == "numerics":
         if not result.numerics["ok"]:

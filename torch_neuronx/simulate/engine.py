@@ -45,13 +45,10 @@ def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc
     runs = sum(1 for rec in records if rec.relabelled_from is None)
     if progress is not None and runs < len(records):
         progress(None, None)  # the runs are done; relabelling and costing the rest
-    result = plan.build(records, layout, run.capacity, script, argv, time.perf_counter() - start, runs)
-    result.simulation["symmetry"] = {
-        "used": runs < len(records), "jobs": run.jobs,
-        "why_every_rank_ran": "--all-ranks" if all_ranks else why,
-        "rank0_rank_uses": done[0].rank_uses if 0 in done else [],
-    }
-    return result
+    simulation = {"elapsed_seconds": time.perf_counter() - start, "script_runs": runs, "symmetry": {
+        "used": runs < len(records), "jobs": run.jobs, "why_every_rank_ran": "--all-ranks" if all_ranks else why,
+        "rank0_rank_uses": done[0].rank_uses if 0 in done else []}}
+    return plan.build(records, layout, run.capacity, script, argv, simulation)
 
 
 @dataclasses.dataclass

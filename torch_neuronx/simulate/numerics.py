@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import ClassVar
 import time
 
 import torch
@@ -117,7 +118,7 @@ def _ranks_of_every_rank(size: int):
 @dataclasses.dataclass
 class NumericsPlan:
     """A numerics plan (``--numerics``): each compared output's worst difference and rank.
-    :meth:`to_json` is plan.json."""
+    :meth:`to_dict` is plan.json, :meth:`text` plan.txt, :meth:`html` plan.html."""
 
     script: str
     args: list
@@ -130,10 +131,22 @@ class NumericsPlan:
     schema: int = 1
     mode: str = "numerics"
 
-    def to_json(self) -> dict:
+    stem: ClassVar[str] = "plan"  # its files: plan.txt, plan.json, plan.html (runtime.outputs.write)
+
+    def to_dict(self) -> dict:
         """plan.json: the fields, schema and mode first."""
         fields = [f.name for f in dataclasses.fields(self)]
         return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
+
+    def text(self) -> str:
+        from torch_neuronx.simulate import render
+
+        return render.text(self)
+
+    def html(self) -> str:
+        from torch_neuronx.simulate import render
+
+        return render.page(self)
 
 
 def _compared(per_rank: list, ref: torch.Tensor) -> dict:

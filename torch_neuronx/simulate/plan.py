@@ -13,6 +13,7 @@ group's ranks on one side of it.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 import os
 from collections import Counter, defaultdict
 
@@ -37,7 +38,7 @@ class Plan:
     """A structure plan (``python -m torch_neuronx.simulate``'s default mode): the job's time, each
     rank's row (``ranks``: memory, time, collectives), the ranks over their HBM, the process
     groups, the communication summary, the ranks' disagreement if any (``divergence``), how the
-    simulation ran, and what re-costing needs (``recorded``). :meth:`to_json` is plan.json."""
+    simulation ran, and what re-costing needs (``recorded``). :meth:`to_dict` is plan.json, :meth:`text` plan.txt, :meth:`html` plan.html."""
 
     script: str
     args: list
@@ -59,10 +60,22 @@ class Plan:
     schema: int = SCHEMA
     mode: str = "structure"
 
-    def to_json(self) -> dict:
+    stem: ClassVar[str] = "plan"  # its files: plan.txt, plan.json, plan.html (runtime.outputs.write)
+
+    def to_dict(self) -> dict:
         """plan.json: the fields, schema and mode first."""
         fields = [f.name for f in dataclasses.fields(self)]
         return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
+
+    def text(self) -> str:
+        from torch_neuronx.simulate import render
+
+        return render.text(self)
+
+    def html(self) -> str:
+        from torch_neuronx.simulate import render
+
+        return render.page(self)
 
 
 class Layout:
@@ -223,10 +236,11 @@ def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: i
     return entry
 
 
-def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: float, runs: int,
+def build(records, layout: Layout, capacity: int, script: str, argv, simulation: dict,
           divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
-    """The plan of ``records`` on ``layout``, timed with ``cal``. ``divergence``,
-    when given, is taken as found (re-costing a plan); else the records are checked."""
+    """The plan of ``records`` on ``layout``, timed with ``cal``. ``simulation`` says how they were had
+    (elapsed seconds, script runs, ...: the engine's, or the re-costed plan's). ``divergence``, when
+    given, is taken as found (re-costing a plan); else the records are checked."""
     profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
     groups = _Groups(layout)
     ranks, recorded = [], {}
@@ -254,7 +268,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, elapsed: fl
             "sources": [layout.instance.links.source], "assumptions": LINK_ASSUMPTIONS,
         },
         divergence=divergence if divergence is not None else check_divergence(checked),
-        simulation={"elapsed_seconds": elapsed, "script_runs": runs},
+        simulation=simulation,
         recorded=recorded,
     )
 
@@ -354,12 +368,11 @@ def recost(old: dict, layout: Layout, capacity: int, source: str,
                          "for: re-cost with the plan's own --nnodes and --nproc-per-node")
     groups, base = group_ranks_of(old), {}
     records = [recorded_record(old, entry, groups, base) for entry in old["ranks"]]
-    result = build(records, layout, capacity, old["script"], old["args"], 0.0, old["simulation"]["script_runs"],
-                   divergence=old["divergence"], cal=cal)
-    result.simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
-                         "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})",
-                         "recorded_schema": old["schema"]}
-    return result
+    simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
+                  "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})",
+                  "recorded_schema": old["schema"]}
+    return build(records, layout, capacity, old["script"], old["args"], simulation, divergence=old["divergence"],
+                 cal=cal)
 
 
 def check_recostable(old, source: str) -> None:

@@ -3,11 +3,9 @@ plan.html). Time comes first: what a step and a token cost on the instance, and 
 from __future__ import annotations
 
 import html
-import json
 import os
 from collections import Counter
 
-from torch_neuronx.runtime import outputs
 from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges, seconds_estimate, seconds_range
 
 # Which choices of the program move its time, named where the plan sees them.
@@ -235,7 +233,3 @@ def page(plan) -> str:
             f"</head><body>{''.join(body)}</body></html>\n")
 
 
-def write(plan, out_dir: str) -> str:
-    outputs.write_files(out_dir, {"plan.json": json.dumps(plan.to_json(), indent=1), "plan.txt": text(plan),
-                                  "plan.html": page(plan)})
-    return out_dir
