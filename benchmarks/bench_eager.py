@@ -125,7 +125,17 @@ def build_cases():
     for seq, batch in ((32, 8), (128, 8)):
         cases.append(Case(f"nn.TransformerEncoderLayer(256, 4, 1024) s{seq} b{batch}", common.module_forward,
                           (sequence_first, torch.randn(seq, batch, 256)), 6.0, ("ratio", 1.10)))
+    # rms_norm as TorchNeuron registers it: one named _fused_rms_norm call each way (csrc/rms_norm.cpp).
+    norm = torch.nn.RMSNorm(1024, eps=1e-6)
+    for rows in (8, 2048):
+        cases.append(Case(f"nn.RMSNorm(1024) forward+backward {rows} rows", _forward_backward,
+                          (norm, torch.randn(rows, 1024)), 4.0))
     return cases
+
+
+def _forward_backward(module, x):
+    with torch.enable_grad():  # the cases run under no_grad
+        module(x).sum().backward()
 
 
 def markdown(results, threads, load):

@@ -53,9 +53,6 @@ bool inside_named_op();
 bool wrapped_by_python(const at::Tensor& t);
 // Records `calls` calls of aten op `name` for op tracking (a python_ops kernel's call); each observed
 // with the tensors given, if any.
-// A Python kernel's call tracked as one op `name`, the ops it runs observed but not counted (named_ops.cpp).
-void named_scope_enter(const std::string& name);
-void named_scope_exit();
 void track_op(const std::string& name, const std::vector<at::Tensor>& inputs = {},
               const std::vector<at::Tensor>& results = {}, int64_t calls = 1);
 

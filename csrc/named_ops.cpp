@@ -8,7 +8,6 @@
 
 #include <torch/library.h>
 
-#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -77,27 +76,19 @@ bool wrapped_by_python(const at::Tensor& t) {
 // Calls of aten op `name` ('batch_norm_stats', 'linear_backward.out'), tracked as if its kernel were
 // ours: the ops registered from Python (python_ops) run on CPU aliases, which nothing tracks. Given its
 // neuron tensors, the call is also observed (diagnostics check it for findings); else only counted.
-namespace {
-
-// The schema of aten op `name`, looked up once per name: the kernels that ask run once per layer or
-// batch-norm call. It lives as long as the op, so its name's pointer is stable.
-const c10::FunctionSchema& schema_of(const std::string& name) {
-  static std::mutex mutex;
-  static std::unordered_map<std::string, c10::OperatorHandle> ops;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = ops.find(name);
-  if (it == ops.end()) it = ops.emplace(name, aten_op(name)).first;
-  return it->second.schema();
-}
-
-// Python kernels tracked as one named op each (named_scope_enter/exit), innermost last.
-thread_local std::vector<std::unique_ptr<CallContext>> t_python_named;
-
-}  // namespace
-
 void track_op(const std::string& name, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& results,
               int64_t calls) {
-  const auto& schema = schema_of(name);
+  // Looked up once per name: the kernels that call this run once per layer or batch-norm call.
+  static std::mutex mutex;
+  static std::unordered_map<std::string, c10::OperatorHandle> ops;
+  const c10::FunctionSchema* found = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = ops.find(name);
+    if (it == ops.end()) it = ops.emplace(name, aten_op(name)).first;
+    found = &it->second.schema();
+  }
+  const auto& schema = *found;  // lives as long as the op: the name's pointer is stable
   for (int64_t call = 0; call < calls; ++call) {
     CallContext ctx(schema.name().c_str());
     ctx.set_overload_name(&schema.overload_name());
@@ -108,23 +99,6 @@ void track_op(const std::string& name, const std::vector<at::Tensor>& inputs, co
     for (const at::Tensor& t : inputs) ctx.observe_input(t);
     for (const at::Tensor& t : results) ctx.observe_result(t);
   }
-}
-
-// A Python kernel's call (a composite's backward, say) tracked as run_named tracks a composite: counted
-// once under aten op `name` when the scope ends, the ops inside observed, not counted.
-void named_scope_enter(const std::string& name) {
-  const auto& schema = schema_of(name);
-  auto ctx = std::make_unique<CallContext>(schema.name().c_str());
-  ctx->set_overload_name(&schema.overload_name());
-  ctx->set_count_only();
-  t_python_named.push_back(std::move(ctx));
-  ++t_named_depth;
-}
-
-void named_scope_exit() {
-  TORCH_CHECK(!t_python_named.empty(), "neuron: _named_scope_exit without a scope open on this thread");
-  --t_named_depth;  // first: the named call itself is counted when its context ends
-  t_python_named.pop_back();
 }
 
 // Registers run_named as the neuron kernel of `names` (below autograd); of the

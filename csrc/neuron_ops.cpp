@@ -103,8 +103,6 @@ TORCH_LIBRARY(neuron, m) {
   m.def("_route_c10d_ops_to_fallback() -> int", []() { return route_c10d_ops_to_fallback(); });
   m.def("_route_ops_to_fallback(str[] names) -> int", &route_ops_to_fallback);
   m.def("_register_named_ops(str[] names) -> int", &register_named_ops);
-  m.def("_named_scope_enter(str name) -> ()", [](std::string name) { named_scope_enter(name); });
-  m.def("_named_scope_exit() -> ()", &named_scope_exit);
   m.def("_track_op(str name, Tensor[] inputs, Tensor[] results, int calls=1) -> ()",
         [](std::string name, std::vector<at::Tensor> inputs, std::vector<at::Tensor> results, int64_t calls) {
           track_op(name, inputs, results, calls);

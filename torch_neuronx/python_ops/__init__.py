@@ -7,8 +7,6 @@ the neuron device cannot reach. :func:`install` registers them all.
   TorchNeuron computes it.
 - :mod:`.recurrent`: RNN, GRU and LSTM through CPU's generic path (PyTorch sends non-CPU devices to
   fused cells that CPU has no kernel for).
-- :mod:`.rms_norm`: ``rms_norm`` as TorchNeuron registers it (float32 for mixed dtypes; one
-  ``_fused_rms_norm`` call forward, one ``_fused_rms_norm_backward`` call backward), CPU's values.
 - :mod:`.sync_batch_norm`: the kernels ``nn.SyncBatchNorm`` calls, which PyTorch has for CUDA only
   (``batch_norm_stats``, ``batch_norm_gather_stats_with_counts``, ``batch_norm_elemt`` and the two
   backward ones), computed as TorchNeuron computes them.
@@ -17,7 +15,7 @@ the neuron device cannot reach. :func:`install` registers them all.
 - :mod:`.torchneuron_kernels`: the ops TorchNeuron has kernels for; the composites among them are
   tracked under their own name (``csrc/named_ops.cpp``).
 """
-from torch_neuronx.python_ops import (linear_backward, recurrent, rms_norm, sync_batch_norm, torchneuron_kernels,
+from torch_neuronx.python_ops import (linear_backward, recurrent, sync_batch_norm, torchneuron_kernels,
                                       trainium_semantics)
 from torch_neuronx.runtime import ops
 
@@ -25,7 +23,6 @@ from torch_neuronx.runtime import ops
 def install() -> None:
     linear_backward.install()
     recurrent.install()
-    rms_norm.install()
     sync_batch_norm.install()
     trainium_semantics.install()
     # last: the ops registered above have a neuron kernel already, so they are not composites here
