@@ -109,8 +109,9 @@ def _lower_for_readiness(gm: torch.fx.GraphModule, inputs, settings: config.Comp
                          kind: str | None) -> float:
     """The readiness step: while the report observes (``settings.on_lowered``) or artifacts are kept,
     a graph whose executor does not lower it as TorchNeuron would (``lowers_as_torchneuron``) is
-    lowered to StableHLO here: a Dynamo graph (``kind`` None) through AOTAutograd, or one graph AOTAutograd already
-    made (its ``kind``). Whatever happens here, the graph still compiles and runs. Returns the seconds taken."""
+    lowered to StableHLO here: a Dynamo graph (``kind`` None) through AOTAutograd, or one graph
+    AOTAutograd already made (its ``kind``). Whatever happens here, the graph still compiles and runs.
+    Returns the seconds taken."""
     if settings.on_lowered is None and not config.artifacts_preserved():
         return 0.0
     from torch_neuronx.neuron_dynamo_backend import faithful

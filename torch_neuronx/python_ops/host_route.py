@@ -115,17 +115,22 @@ def host_route(op: Callable, name: str, cpu_arguments: tuple[int, ...] = (), ref
             raise RuntimeError(refused)
         for i, alias in zip(places, _IntoHost.apply(device, *tensors)):
             flat[i] = alias
-        route = trainium_route.route_of(op, args, cpu_arguments) if steps_on_trainium else None
+        route = _route(op, args, cpu_arguments) if steps_on_trainium else None
         result = op(*pytree.tree_unflatten(flat, spec))
         results, result_spec = pytree.tree_flatten(result)
         outputs = [i for i, leaf in enumerate(results) if isinstance(leaf, torch.Tensor)]
-        told = None if route is None else functools.partial(_tell_backward, route)
-        for i, adopted in zip(outputs, _OutOfHost.apply(device, told, [t.untyped_storage() for t in tensors],
-                                                         *(results[i] for i in outputs))):
+        told, storages = (None, ()) if route is None else (functools.partial(_tell_backward, route),
+                                                           [t.untyped_storage() for t in tensors])
+        for i, adopted in zip(outputs, _OutOfHost.apply(device, told, storages, *(results[i] for i in outputs))):
             results[i] = adopted
         _tell(name, route, tensors, [results[i] for i in outputs])
         return pytree.tree_unflatten(results, result_spec)
     return kernel
+
+
+def _route(op: Callable, args, cpu_arguments: tuple[int, ...]) -> trainium_route.Route | None:
+    """The calls Trainium's route makes, when op tracking is on (off, no one is told: nothing to record)."""
+    return trainium_route.route_of(op, args, cpu_arguments) if ops._op_tracking_level() else None
 
 
 def _tell(name: str, route: trainium_route.Route | None, tensors: list[torch.Tensor],

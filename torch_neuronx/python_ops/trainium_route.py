@@ -74,6 +74,10 @@ def _signature(value: Any) -> Any:
     return repr(value)
 
 
+_routes: dict[Any, Route | None] = {}  # None: the route could not be recorded
+_MAX_ROUTES = 256  # signatures kept; a program with more records again
+
+
 def route_of(op, args: Sequence[Any], cpu_arguments: tuple[int, ...] = ()) -> Route | None:
     """The calls ``op`` makes on Trainium's route for ``args`` (neuron tensors; those at ``cpu_arguments``
     are read on the CPU by every route, as packed sequences' batch sizes): recorded once per signature.
@@ -89,10 +93,6 @@ def route_of(op, args: Sequence[Any], cpu_arguments: tuple[int, ...] = ()) -> Ro
         except Exception:  # noqa: BLE001 - op tracking never breaks the user's op
             _routes[key] = None
     return _routes[key]
-
-
-_routes: dict[Any, Route] = {}
-_MAX_ROUTES = 256  # signatures kept; a program with more records again
 
 
 def _record(op, args: Sequence[Any], cpu_arguments: tuple[int, ...], grad_enabled: bool) -> Route:

@@ -74,7 +74,7 @@ def _program(shaped: faithful.Shaped, example_inputs, settings: CompileSettings,
                 program, stablehlo, op_counts = xla_program.deserialize(payload)
                 stats.hits += 1
                 stats.compile_s += time.perf_counter() - start
-                if artifacts_preserved() and settings.keep_artifacts:  # the artifacts want every stage of the lowering itself
+                if artifacts_preserved() and settings.keep_artifacts:  # they want every stage of the lowering
                     faithful.lower_shaped(shaped, settings, kind)
                 elif settings.on_lowered is not None:  # the report wants what the entry recorded
                     settings.on_lowered(lowering.LoweredGraph("main", "", stablehlo, op_counts,
