@@ -29,12 +29,10 @@ class Chip:
     source: str  # where the rates come from
     target: str = "trn2"  # the platform target compilers name it by (TorchNeuron's get_platform_target)
 
-    def lnc_problem(self, lnc: int, where: str) -> str | None:
-        """None when ``lnc`` is an LNC of this chip; else the valid values on ``where`` (an instance's
-        name, or the chip's), for the error that names the fix. The one LNC check."""
-        if lnc in self.lnc_values:
-            return None
-        return f"valid values on {where} are {' or '.join(str(v) for v in self.lnc_values)}"
+    def lnc_problem(self, lnc: int) -> str | None:
+        """None when ``lnc`` is an LNC of this chip; else the values it takes ("2 or 1"), for the error
+        that names the fix. The one LNC check."""
+        return None if lnc in self.lnc_values else " or ".join(str(v) for v in self.lnc_values)
 
     def core_memory(self, lnc: int) -> int:
         """A logical core's share of the chip's HBM, minus the runtime's reservation."""

@@ -152,9 +152,9 @@ def _lnc(env, instance: Instance) -> int:
     text = env.get(LNC_ENV, "").strip()
     if not text:
         return instance.chip.lnc_values[0]
-    problem = instance.chip.lnc_problem(int(text) if text.isdigit() else -1, instance.name)
-    if problem:
-        raise _invalid(LNC_ENV, text, problem)
+    valid = instance.chip.lnc_problem(int(text) if text.isdigit() else -1)
+    if valid:
+        raise _invalid(LNC_ENV, text, f"valid values on {instance.name} are {valid}")
     return int(text)
 
 

@@ -50,9 +50,9 @@ def resolve(instance: str, nnodes: int | None, nproc_per_node: int, lnc: int | N
         raise PlanError("--nnodes and --nproc-per-node must be at least 1")
     inst = hardware.INSTANCES[name]
     lnc = inst.chip.lnc_values[0] if lnc is None else lnc
-    problem = inst.chip.lnc_problem(lnc, name)
-    if problem:
-        raise PlanError(f"--lnc {lnc} is not valid on {name}: {problem.replace('valid values', 'use')}")
+    valid = inst.chip.lnc_problem(lnc)
+    if valid:
+        raise PlanError(f"--lnc {lnc} is not valid on {name}: use {valid}")
     cores = inst.logical_cores(lnc)
     if nproc_per_node > cores:
         raise PlanError(f"--nproc-per-node {nproc_per_node} is more than the {cores} logical NeuronCores of {name} "

@@ -54,9 +54,9 @@ def profile_for(chip: str, lnc: int) -> TrainiumProfile:
     if chip not in hardware.CHIPS:
         raise ValueError(f"no cost profile for chip {chip!r}; known chips: {', '.join(sorted(hardware.CHIPS))}")
     spec = hardware.CHIPS[chip]
-    problem = spec.lnc_problem(lnc, chip)
-    if problem:
-        raise ValueError(f"LNC {lnc} is not valid for {chip}: {problem}")
+    valid = spec.lnc_problem(lnc)
+    if valid:
+        raise ValueError(f"LNC {lnc} is not valid for {chip}: valid values on {chip} are {valid}")
     share = lnc / spec.physical_cores
     return TrainiumProfile(
         name=f"{chip}, one logical NeuronCore at LNC={lnc} ({lnc}/{spec.physical_cores} of a chip)",
