@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import ClassVar
 import time
 
 import torch
+
+from torch_neuronx.simulate import render
 
 RTOL, ATOL = 1.3e-6, 1e-5
 SHOWN_VALUES = 64  # outputs this small are written out whole, every rank's and one device's
@@ -116,9 +117,9 @@ def _ranks_of_every_rank(size: int):
 
 
 @dataclasses.dataclass
-class NumericsPlan:
+class NumericsPlan(render.PlanFiles):
     """A numerics plan (``--numerics``): each compared output's worst difference and rank.
-    :meth:`to_dict` is plan.json, :meth:`text` plan.txt, :meth:`html` plan.html."""
+    Its files as :class:`.render.PlanFiles` writes them."""
 
     script: str
     args: list
@@ -130,23 +131,6 @@ class NumericsPlan:
     numerics: dict
     schema: int = 1
     mode: str = "numerics"
-
-    stem: ClassVar[str] = "plan"  # its files: plan.txt, plan.json, plan.html (runtime.outputs.write)
-
-    def to_dict(self) -> dict:
-        """plan.json: the fields, schema and mode first."""
-        fields = [f.name for f in dataclasses.fields(self)]
-        return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
-
-    def text(self) -> str:
-        from torch_neuronx.simulate import render
-
-        return render.text(self)
-
-    def html(self) -> str:
-        from torch_neuronx.simulate import render
-
-        return render.page(self)
 
 
 def _compared(per_rank: list, ref: torch.Tensor) -> dict:

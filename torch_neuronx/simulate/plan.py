@@ -13,14 +13,13 @@ group's ranks on one side of it.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 import os
 from collections import Counter, defaultdict
 
 from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
 from torch_neuronx.runtime.units import id_ranges as ranges
-from torch_neuronx.simulate import costing
+from torch_neuronx.simulate import costing, render
 
 # 3: one estimate per step (seconds) with its interval and bounds; 2: a [low, high] range, steps,
 # grouped collectives, recorded work. --recost reads both: what it re-costs was recorded alike.
@@ -34,11 +33,11 @@ LINK_ASSUMPTIONS = [
 
 
 @dataclasses.dataclass
-class Plan:
+class Plan(render.PlanFiles):
     """A structure plan (``python -m torch_neuronx.simulate``'s default mode): the job's time, each
     rank's row (``ranks``: memory, time, collectives), the ranks over their HBM, the process
     groups, the communication summary, the ranks' disagreement if any (``divergence``), how the
-    simulation ran, and what re-costing needs (``recorded``). :meth:`to_dict` is plan.json, :meth:`text` plan.txt, :meth:`html` plan.html."""
+    simulation ran, and what re-costing needs (``recorded``); its files as :class:`.render.PlanFiles` writes them."""
 
     script: str
     args: list
@@ -59,23 +58,6 @@ class Plan:
     recorded: dict
     schema: int = SCHEMA
     mode: str = "structure"
-
-    stem: ClassVar[str] = "plan"  # its files: plan.txt, plan.json, plan.html (runtime.outputs.write)
-
-    def to_dict(self) -> dict:
-        """plan.json: the fields, schema and mode first."""
-        fields = [f.name for f in dataclasses.fields(self)]
-        return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
-
-    def text(self) -> str:
-        from torch_neuronx.simulate import render
-
-        return render.text(self)
-
-    def html(self) -> str:
-        from torch_neuronx.simulate import render
-
-        return render.page(self)
 
 
 class Layout:

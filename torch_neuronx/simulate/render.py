@@ -2,9 +2,11 @@
 plan.html). Time comes first: what a step and a token cost on the instance, and what it rests on."""
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 from collections import Counter
+from typing import ClassVar
 
 from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges, seconds_estimate, seconds_range
 
@@ -176,6 +178,24 @@ def _overlap_lines(plan) -> list[str]:
     if len(backwards) > 8:
         out.append(f"  ... {len(backwards) - 8} more backwards (plan.json: time.backward_overlap)")
     return out
+
+
+class PlanFiles:
+    """What a structure plan and a numerics plan (dataclasses whose last two fields are ``schema`` and
+    ``mode``) share as a result (``runtime.outputs.Result``): their files plan.json (:meth:`to_dict`),
+    plan.txt and plan.html."""
+    stem: ClassVar[str] = "plan"
+
+    def to_dict(self) -> dict:
+        """plan.json: the fields, schema and mode first."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
+
+    def text(self) -> str:
+        return text(self)
+
+    def html(self) -> str:
+        return page(self)
 
 
 def text(plan) -> str:
