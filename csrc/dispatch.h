@@ -58,6 +58,8 @@ void track_op(const std::string& name, const std::vector<at::Tensor>& inputs = {
 
 // The boxed fallback (fallback.cpp): runs an op's CPU kernel on CPU aliases.
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// A boxed call's arguments, if a kernel that threw left them on the stack (from `begin`), else null.
+const c10::IValue* arguments_left(const torch::jit::Stack& stack, size_t begin, size_t num_args);
 // Registers the fallback as the neuron kernel of ops that have a CPU kernel and
 // a generic kernel that would otherwise outrank it; returns how many it routed.
 int64_t route_generic_kernel_ops_to_fallback();
@@ -67,6 +69,13 @@ int64_t route_c10d_ops_to_fallback();
 // Registers the fallback as the neuron kernel of the named aten ops (whose only
 // kernel is generic and refuses unknown devices); returns how many.
 int64_t route_ops_to_fallback(const std::vector<std::string>& names);
+
+// error_words.cpp: an op's error raised again in TorchNeuron's exception type and words, when it
+// has its own (returns when not); `args` are the call's arguments, if still on the stack.
+void rethrow_in_torchneuron_words(const c10::FunctionSchema& schema, const c10::IValue* args, size_t num_args,
+                                  const c10::Error& e);
+// torch.mm's operand checks, in the words of the meta function TorchNeuron traces it through.
+void check_mm_operands(const at::Tensor& a, const at::Tensor& b);
 
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.

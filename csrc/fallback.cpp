@@ -60,6 +60,10 @@ c10::IValue results_to_neuron(CallContext& ctx, const c10::IValue& value) {
 
 }  // namespace
 
+const c10::IValue* arguments_left(const torch::jit::Stack& stack, size_t begin, size_t num_args) {
+  return stack.size() == begin + num_args ? stack.data() + begin : nullptr;
+}
+
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
@@ -108,7 +112,12 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               indexed.str(), ")");
   ctx.check_devices();
 
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (const c10::Error& e) {
+    rethrow_in_torchneuron_words(schema, arguments_left(*stack, begin, num_args), num_args, e);
+    throw;
+  }
 
   if (schema.is_mutable()) ctx.sync_mutated();  // only ops that write an argument can resize or restride it
   if (results_stay_on_cpu) return;

@@ -175,7 +175,7 @@ NEURON_BINARY_INPLACE(mul, direct_operands(a, b))
 NEURON_BINARY_FUNCTIONAL_AND_OUT(div, "aten::div.Tensor",
                                  NEURON_DIRECT_BINARY(a.is_floating_point(), structured_div_out, a, b))
 NEURON_BINARY_INPLACE(div, direct_operands(a, b) && a.is_floating_point())
-NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm", )
+NEURON_BINARY_FUNCTIONAL_AND_OUT(mm, "aten::mm", check_mm_operands(a, b);)
 NEURON_BINARY_FUNCTIONAL_AND_OUT(bmm, "aten::bmm", )
 
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,

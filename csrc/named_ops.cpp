@@ -61,7 +61,13 @@ void run_named(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   ctx.set_overload_name(&schema.overload_name());
   ctx.set_count_only();
   Depth inside;
-  op.callBoxedForDispatchKey(composite_key(op), *stack);
+  try {
+    op.callBoxedForDispatchKey(composite_key(op), *stack);
+  } catch (const c10::Error& e) {
+    rethrow_in_torchneuron_words(schema, arguments_left(*stack, begin, schema.arguments().size()),
+                                 schema.arguments().size(), e);
+    throw;
+  }
 }
 
 }  // namespace

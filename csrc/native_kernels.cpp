@@ -66,8 +66,16 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   return dst;
 }
 
+// TorchNeuron's rules: CPU to neuron only, and a resize only of an empty dst.
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  dst.resize_(self.sizes());
+  TORCH_CHECK(self.is_cpu() && dst.device().type() == kNeuron,
+              "_copy_from_and_resize now only support copy from cpu tensor to neuron tensor, but got src tensor "
+              "device is ", self.device(), " and dst device is ", dst.device(),
+              ". To copy between any two devices, use dst.copy_(src).");
+  if (dst.numel() == 0) dst.resize_(self.sizes());
+  TORCH_CHECK(self.sizes() == dst.sizes(),
+              "_copy_from_and_resize now only support copy with same size, or dst.numel() == 0! Got src of size ",
+              self.sizes(), " and dst of size ", dst.sizes(), "; pass an empty dst to have it resized.");
   return copy_from(self, dst, false);
 }
 

@@ -142,3 +142,25 @@ def test_a_boolean_index_is_tracked_as_torchneurons_nonzero_and_index(selected):
     torch_neuronx.clear_op_tracking()
     xn[rows]  # integer indices: no nonzero
     assert torch_neuronx.get_executed_ops() == ["aten::empty_strided", "aten::index.Tensor"]
+
+
+@pytest.mark.parametrize("call, tracked, untracked", [
+    (lambda x: x.tril_(), "aten::tril.out", "aten::tril_"),
+    (lambda x: x.triu_(1), "aten::triu.out", "aten::triu_"),
+    (lambda x: x.abs_().sqrt_(), "aten::sqrt.out", "aten::sqrt_"),
+    (lambda x: x.clamp_(min=0.0), "aten::clamp.out", "aten::clamp_"),
+    (lambda x: x.pow_(2.0), "aten::pow.Tensor_Scalar_out", "aten::pow_.Scalar"),
+])
+def test_an_inplace_op_torchneuron_lacks_is_tracked_as_its_out_kernel(call, tracked, untracked):
+    """TorchNeuron registers tril.out but no tril_: PyTorch's generic in-place kernel calls the .out one,
+    which its op tracking lists (its test_tril.py); ops it has an in-place kernel for keep their name."""
+    x = torch.randn(4, 4)
+    xn = x.to(N)
+    torch_neuronx.clear_op_tracking()
+    call(xn)
+    executed = torch_neuronx.get_executed_ops()
+    assert tracked in executed and untracked not in executed, executed
+    assert torch.equal(xn.cpu(), call(x))
+    torch_neuronx.clear_op_tracking()
+    xn.add_(1.0).mul_(2.0)  # TorchNeuron has add_ and mul_ kernels
+    assert torch_neuronx.get_executed_ops() == ["aten::add_.Tensor", "aten::mul_.Tensor"]

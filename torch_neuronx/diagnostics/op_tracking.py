@@ -1,8 +1,9 @@
 """TorchNeuron's op tracking: which ops ran on neuron, and which a Trainium would run on the CPU.
 
 Counting is always on (one hash-map increment per op call in the core). As in TorchNeuron, the
-functions return lists of unique op names as the dispatcher knows them (``aten::add.Tensor``,
-``aten::mm``); :func:`get_op_counts` adds how often each ran.
+functions return lists of unique op names as TorchNeuron's dispatcher knows them (``aten::add.Tensor``,
+``aten::mm``; an in-place op it runs through its ``.out`` kernel under that name, see
+``torchneuron_kernels.tracked_name``); :func:`get_op_counts` adds how often each ran.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def get_op_counts() -> dict[str, int]:
     names, calls = ops._op_counts()
     counts: Counter = Counter()
     for name, n in zip(names, calls):
-        counts[name] += n
+        counts[torchneuron_kernels.tracked_name(name)] += n
     return dict(sorted(counts.items()))
 
 

@@ -131,3 +131,39 @@ def named_composites() -> tuple[str, ...]:
         if _has_kernel_for(name, "CompositeImplicitAutograd") or _has_kernel_for(name, "CompositeExplicitAutograd"):
             named.append(name)
     return tuple(named)
+
+
+def _out_overload(inplace: str) -> str | None:
+    """The ``.out`` overload that in-place op 'name_.overload' writes through: the one of the base op
+    whose arguments, besides ``out``, are the in-place op's (``tril_`` -> ``tril.out``,
+    ``bitwise_and_.Tensor`` -> ``bitwise_and.Tensor_out``)."""
+    base, _, overload = inplace.partition(".")
+    wanted = [(a.name, str(a.type)) for a in torch._C._get_schema(f"aten::{base}", overload).arguments]
+    for candidate in torch._C._jit_get_schemas_for_operator(f"aten::{base[:-1]}"):
+        arguments = [(a.name, str(a.type)) for a in candidate.arguments if not a.is_out]
+        if candidate.overload_name.endswith("out") and arguments == wanted:
+            return f"{base[:-1]}.{candidate.overload_name}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace_through_out() -> dict[str, str]:
+    names = {}
+    for name in KERNELS:
+        base, _, overload = name.partition(".")
+        if not overload.endswith("out") or f"{base}_" in BASE_NAMES:
+            continue
+        for schema in torch._C._jit_get_schemas_for_operator(f"aten::{base}_"):
+            inplace = f"{base}_.{schema.overload_name}" if schema.overload_name else f"{base}_"
+            if _has_kernel_for(inplace, "CompositeExplicitAutogradNonFunctional"):
+                out = _out_overload(inplace)
+                if out in KERNELS:
+                    names[f"aten::{inplace}"] = f"aten::{out}"
+    return names
+
+
+def tracked_name(op: str) -> str:
+    """The name TorchNeuron's op tracking gives a call of op 'aten::name.overload'. An in-place op it has
+    no kernel for, whose ``.out`` overload it has, runs PyTorch's generic in-place kernel, which calls
+    that ``.out`` kernel (``tril_`` is tracked as ``aten::tril.out``); every other op keeps its name."""
+    return _inplace_through_out().get(op, op)
