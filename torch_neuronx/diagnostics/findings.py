@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_neuronx.python_ops import op_classes, trainium_semantics
+from torch_neuronx.python_ops import multi_head_attention, op_classes, trainium_semantics
 from torch_neuronx.runtime import BACKEND_NAME, frames
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -87,6 +87,12 @@ KINDS = {
         "TorchNeuron has no kernel for it and its CPU fallback finds no CPU kernel either: the call raises",
         "run the LSTM or GRU on the CPU (.to('cpu') for the layer and its inputs), or write its step from "
         "nn.Linear, torch.sigmoid and torch.tanh (nn.RNN runs on neuron)"),
+    "mha-fast-path": Kind(
+        "would-fail", "TorchNeuron's kernel for nn.MultiheadAttention's inference fast path "
+        "(_native_multi_head_attention) takes neither a mask tensor nor attention weights (need_weights=True, "
+        "the layer's default): the call raises NotImplementedError",
+        "call the layer with need_weights=False and no attn_mask or key_padding_mask, or keep it off the fast "
+        "path: torch.backends.mha.set_fastpath_enabled(False)"),
     "unsupported-dtype": Kind(
         "would-fail", "TorchNeuron lowers this op through JAX, which has no such dtype: the op raises "
         "ValueError (\"Unsupported PyTorch dtype\")",
@@ -224,6 +230,11 @@ def trainium_hits(op: op_classes.OpClass, inputs, results) -> list[tuple[str, st
             hits.append(("layout-change", f"a copy to {after} memory format"))
     elif base in trainium_semantics.FUSED_CELL_OF:
         hits.append(("no-kernel", f"aten::{trainium_semantics.FUSED_CELL_OF[base]}, at its first time step"))
+    elif base == multi_head_attention.NAME and len(results) == 2:
+        weights = results[1]  # inputs: the 7 tensors, then the mask if one was given
+        refused = trainium_semantics.mha_refusal(len(inputs) > 7, weights.numel() > 0, weights.dim() != 4)
+        if refused is not None:
+            hits.append(("mha-fast-path", "a mask tensor" if len(inputs) > 7 else "need_weights=True"))
     elif base == "contiguous" and inputs:  # observed only for a format TorchNeuron refuses (csrc/contiguous.cpp)
         fmt = "channels_last" if inputs[0].dim() == 4 else "channels_last_3d"
         hits.append(("layout-change", f"contiguous(memory_format=torch.{fmt})"))

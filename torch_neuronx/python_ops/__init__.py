@@ -5,6 +5,8 @@ the neuron device cannot reach. :func:`install` registers them all.
 
 - :mod:`.linear_backward`: ``aten::linear_backward``, which PyTorch has for MKLDNN tensors only, as
   TorchNeuron computes it.
+- :mod:`.multi_head_attention`: ``aten::_native_multi_head_attention`` (nn.MultiheadAttention's inference
+  fast path) with TorchNeuron's rules: no mask tensor, no attention weights, ``mask_type=1`` causal.
 - :mod:`.recurrent`: RNN, GRU and LSTM through CPU's generic path (PyTorch sends non-CPU devices to
   fused cells that CPU has no kernel for).
 - :mod:`.sync_batch_norm`: the kernels ``nn.SyncBatchNorm`` calls, which PyTorch has for CUDA only
@@ -15,13 +17,14 @@ the neuron device cannot reach. :func:`install` registers them all.
 - :mod:`.torchneuron_kernels`: the ops TorchNeuron has kernels for; the composites among them are
   tracked under their own name (``csrc/named_ops.cpp``).
 """
-from torch_neuronx.python_ops import (linear_backward, recurrent, sync_batch_norm, torchneuron_kernels,
-                                      trainium_semantics)
+from torch_neuronx.python_ops import (linear_backward, multi_head_attention, recurrent, sync_batch_norm,
+                                      torchneuron_kernels, trainium_semantics)
 from torch_neuronx.runtime import ops
 
 
 def install() -> None:
     linear_backward.install()
+    multi_head_attention.install()
     recurrent.install()
     sync_batch_norm.install()
     trainium_semantics.install()

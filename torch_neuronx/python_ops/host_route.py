@@ -78,6 +78,21 @@ class _OutOfHost(torch.autograd.Function):
         return (None, None, *_across(_IntoHost, ctx.device, grads))
 
 
+def run_on_host(compute: Callable, args) -> tuple:
+    """``compute(*args)`` with each tensor argument a CPU alias of its bytes; its results (a tuple) as
+    neuron tensors. One kernel call on neuron, without autograd: the ops inside are the kernel's."""
+    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    host = list(args)
+    for i, alias in zip(where, ops._enter_compiled_call([args[i] for i in where])):
+        host[i] = alias
+    try:
+        results = compute(*host)
+    except BaseException:
+        ops._abort_compiled_call()
+        raise
+    return tuple(ops._exit_compiled_call(list(results)))
+
+
 def _device_of(op_name: str, tensors: Iterable[torch.Tensor]) -> torch.device:
     devices = {t.device for t in tensors}
     if len(devices) != 1:

@@ -23,24 +23,10 @@ from __future__ import annotations
 
 import torch
 
+from torch_neuronx.python_ops.host_route import run_on_host
 from torch_neuronx.runtime import ops
 
 _library: torch.library.Library | None = None
-
-
-def _on_host(compute, args) -> tuple:
-    """``compute(*args)`` with each tensor argument a CPU alias of its bytes; its results as neuron
-    tensors (one call on neuron: the ops inside are the kernel's, not the program's)."""
-    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    host = list(args)
-    for i, alias in zip(where, ops._enter_compiled_call([args[i] for i in where])):
-        host[i] = alias
-    try:
-        results = compute(*host)
-    except BaseException:
-        ops._abort_compiled_call()
-        raise
-    return tuple(ops._exit_compiled_call(list(results)))
 
 
 def _channels(input: torch.Tensor, *stats):
@@ -104,7 +90,7 @@ def backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, co
 
 def _kernel(name: str, compute, single: bool):
     def kernel(*args):
-        results = _on_host(compute, args)
+        results = run_on_host(compute, args)
         ops._track_op(name, [], [])  # tracked under its name, as TorchNeuron's kernels are
         return results[0] if single else results
     return kernel

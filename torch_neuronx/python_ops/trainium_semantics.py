@@ -74,6 +74,19 @@ NO_IDENTITY_REDUCTIONS = frozenset({"max", "min", "amax", "amin", "argmax", "arg
 FUSED_CELL_OF = {"lstm": "_thnn_fused_lstm_cell", "lstm_cell": "_thnn_fused_lstm_cell",
                  "_thnn_fused_lstm_cell": "_thnn_fused_lstm_cell", "gru": "_thnn_fused_gru_cell",
                  "gru_cell": "_thnn_fused_gru_cell", "_thnn_fused_gru_cell": "_thnn_fused_gru_cell"}
+# TorchNeuron's kernel for nn.MultiheadAttention's fast path (python_ops/native_multi_head_attention.py)
+# refuses, in this order, a mask tensor, per-head weights and any weights; its words, then the fix.
+MHA_OFF_THE_FAST_PATH = ("or keep the layer off the fast path: torch.backends.mha.set_fastpath_enabled(False), "
+                         "or model.train()")
+MHA_MASK_REFUSED = ("Arbitrary mask tensors not yet supported in Neuron implementation. Please use mask_type=1 for "
+                    "causal masking or mask=None. For nn.MultiheadAttention: pass no attn_mask or "
+                    "key_padding_mask, " + MHA_OFF_THE_FAST_PATH + ".")
+MHA_PER_HEAD_REFUSED = ("Returning per-head attention weights not yet supported in Neuron implementation. Please "
+                        "use average_attn_weights=True or need_weights=False.")
+MHA_WEIGHTS_REFUSED = ("Returning attention weights (need_weights=True) is not yet supported in Neuron "
+                       "implementation. Please use need_weights=False. For nn.MultiheadAttention "
+                       "(need_weights=True by default): call it with need_weights=False, " + MHA_OFF_THE_FAST_PATH
+                       + ".")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FORMATS_OK = (None, torch.contiguous_format, torch.preserve_format)
 def _neuron(value) -> bool:
@@ -363,6 +376,8 @@ class TrainiumSemantics(TorchDispatchMode):
             return func(*args, **kwargs)
         if op_classes.base_name(func.name()) in ("_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"):
             raise RuntimeError(no_cpu_kernel_error(op_classes.base_name(func.name())))
+        if op_classes.base_name(func.name()) == "_native_multi_head_attention":
+            _check_mha(func, args, kwargs)
         kind = op_classes.kind_of(func)
         if kind == "move":
             _check_memory_format(func, args, kwargs)
@@ -401,6 +416,23 @@ def no_cpu_kernel_error(cell: str) -> str:
     return (f"CPU fallback execution failed for 'aten::{cell}': Could not run 'aten::{cell}' with arguments from "
             "the 'CPU' backend. TorchNeuron has no kernel for it: run the LSTM or GRU on the CPU, or write its "
             "step from nn.Linear, torch.sigmoid and torch.tanh")
+
+
+def mha_refusal(has_mask: bool, need_weights: bool, average_attn_weights: bool = True) -> str | None:
+    """What TorchNeuron's _native_multi_head_attention raises for these arguments, or None."""
+    if has_mask:
+        return MHA_MASK_REFUSED
+    if need_weights and average_attn_weights is False:
+        return MHA_PER_HEAD_REFUSED
+    return MHA_WEIGHTS_REFUSED if need_weights else None
+
+
+def _check_mha(func, args, kwargs) -> None:
+    given = dict(zip(_names(func), args), **kwargs)
+    refused = mha_refusal(given.get("mask") is not None, given.get("need_weights", True),
+                          given.get("average_attn_weights", True))
+    if refused is not None:
+        raise NotImplementedError(refused)
 
 
 def current() -> str:
