@@ -79,12 +79,22 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// TorchNeuron's torch-mlir _to_copy kernel takes neuron -> neuron copies but for float64, bool and
+// int32, which, like every copy across devices, run PyTorch's native _to_copy: empty, then copy_
+// (its op tracking lists both).
+bool copies_through_copy_(const at::Tensor& self, bool to_neuron, std::optional<c10::ScalarType> dtype) {
+  const auto special = [](c10::ScalarType t) { return t == c10::kDouble || t == c10::kBool || t == c10::kInt; };
+  return self.device().type() != kNeuron || !to_neuron || special(self.scalar_type()) ||
+         special(dtype.value_or(self.scalar_type()));
+}
+
 at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                    std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
                    std::optional<c10::MemoryFormat> memory_format) {
   CallContext ctx("aten::_to_copy");
   auto cpu_self = ctx.alias(self);
   const bool to_neuron = !device.has_value() || device->type() == kNeuron;
+  if (C10_UNLIKELY(op_tracking_level() != 0) && copies_through_copy_(self, to_neuron, dtype)) track_op("copy_");
   if (to_neuron) {
     check_strided(layout, "to");
     ctx.set_output_device(device.has_value() ? device->index() : self.device().index());

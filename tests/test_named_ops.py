@@ -164,3 +164,17 @@ def test_an_inplace_op_torchneuron_lacks_is_tracked_as_its_out_kernel(call, trac
     torch_neuronx.clear_op_tracking()
     xn.add_(1.0).mul_(2.0)  # TorchNeuron has add_ and mul_ kernels
     assert torch_neuronx.get_executed_ops() == ["aten::add_.Tensor", "aten::mul_.Tensor"]
+
+
+def test_a_copy_across_devices_or_of_float64_bool_int32_is_tracked_with_its_copy_():
+    """TorchNeuron's torch-mlir _to_copy takes neuron -> neuron copies of other dtypes; the rest run
+    PyTorch's native _to_copy, an empty then copy_, and its op tracking lists copy_ (its test_to_copy.py)."""
+    x = torch.randn(4)
+    cases = [(lambda: x.to(N), True), (lambda: xn.cpu(), True), (lambda: xn.to(torch.bfloat16), False),
+             (lambda: xn.double(), True), (lambda: xn.to(torch.int32), True), (lambda: xn.half(), False)]
+    xn = x.to(N)
+    for call, with_copy in cases:
+        torch_neuronx.clear_op_tracking()
+        call()
+        executed = torch_neuronx.get_executed_ops()
+        assert "aten::_to_copy" in executed and ("aten::copy_" in executed) == with_copy, executed
