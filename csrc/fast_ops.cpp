@@ -383,6 +383,47 @@ std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const
   return {ctx.to_neuron(out), ctx.to_neuron(logsumexp)};
 }
 
+// TorchNeuron's fused attention op (chosen for 4-D inputs by fused_sdp_choice), computed by CPU's
+// flash kernel, which CPU's SDPA would have run: the same values, under the op DTensor can shard.
+// Its outputs beyond the values are what its meta function gives: no varlen offsets, zero philox
+// state (CPU's flash attention draws nothing), no debug mask.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
+           at::Tensor>
+sdpa_overrideable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal, bool,
+                  std::optional<double> scale) {
+  CallContext ctx("aten::_scaled_dot_product_fused_attention_overrideable");
+  auto cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
+  std::optional<at::Tensor> cb = ctx.alias(attn_bias);
+  ctx.check_devices();
+  auto [out, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(cq, ck, cv, dropout_p, is_causal,
+                                                                              cb, scale);
+  auto zero = [&] {  // no op calls: profiles show CPU's ops and this one
+    at::Tensor state = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+    *state.data_ptr<int64_t>() = 0;
+    return ctx.to_neuron(state);
+  };
+  return {ctx.to_neuron(out), ctx.to_neuron(logsumexp), at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)),
+          c10::SymInt(k.size(2)), zero(), zero(), at::Tensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& attn_bias, std::array<bool, 4>, const at::Tensor& out, const at::Tensor& logsumexp,
+    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
+    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  CallContext ctx("aten::_scaled_dot_product_fused_attention_overrideable_backward");
+  auto cg = ctx.alias(grad_out), cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
+  auto co = ctx.alias(out), cl = ctx.alias(logsumexp);
+  std::optional<at::Tensor> cb;
+  if (attn_bias.defined()) cb = ctx.alias(attn_bias);
+  ctx.check_devices();
+  // CPU's gradient of its flash kernel (no gradient for the mask, as there).
+  auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(cg, cq, ck, cv, co, cl, dropout_p,
+                                                                                   is_causal, cb, scale);
+  return {ctx.to_neuron(gq), ctx.to_neuron(gk), ctx.to_neuron(gv), at::Tensor()};
+}
+
 }  // namespace
 
 void install_direct_stubs() {
@@ -435,6 +476,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sqrt", TORCH_FN(sqrt));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("cat", TORCH_FN(cat));
+  m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_overrideable));
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_overrideable_backward));
   m.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(sdpa_flash_for_cpu));
 }
 

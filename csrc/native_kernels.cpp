@@ -4,6 +4,7 @@
 #include "dispatch.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
@@ -162,15 +163,24 @@ at::Tensor sparse_compressed_to_copy(const at::Tensor& self, std::optional<c10::
 
 }  // namespace
 
-// SDPA picks its backend through a per-device stub; answering with CPU's own
-// choice makes neuron run exactly the kernels CPU runs (same numerics). CPU's
-// choice reads only metadata (shapes, dtypes, requires_grad), so it is asked
-// with the neuron tensors themselves: no aliases, and fake tensors work too.
+// CPU's choice, under TorchNeuron's name where it registers its own: for 4-D query, key and value
+// its _fused_sdp_choice takes the fused overrideable op (which DTensor can shard), computed here by
+// CPU's flash kernel; so only where CPU would run that kernel. A traced graph (fake tensors, whose
+// storage is on meta, or functional ones) keeps CPU's choice: each executor lowers attention in its
+// own way. A DTensor asks with its local tensors, or as a wrapper of none.
+bool traced(const at::Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Functionalize) || (t.has_storage() && t.storage().device().is_meta());
+}
+
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), query, key, value,
-                                                 attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  const int64_t choice = at::_ops::_fused_sdp_choice::redispatch(
+      c10::DispatchKeySet(c10::DispatchKey::CPU), query, key, value, attn_mask, dropout_p, is_causal, scale,
+      enable_gqa);
+  const bool fused = choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && !enable_gqa &&
+                     query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && !traced(query);
+  return fused ? static_cast<int64_t>(at::SDPBackend::overrideable) : choice;
 }
 
 // Work is complete when an op returns, so no stream can still be using the

@@ -16,6 +16,7 @@ collective, that all ranks run the same one on the same shapes and dtypes, and r
 ranks' calls (``collective_checks``: through shared memory between the ranks of one host, else one
 small all_gather). ``TORCH_NEURONX_COLLECTIVE_CHECKS=0`` turns it off; under
 TORCH_DISTRIBUTED_DEBUG=DETAIL torch's own ProcessGroupWrapper (around the Gloo) checks instead.
+DTensor gets sharding strategies for neuron's attention op with the first group (``sharding``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import time
 
 import torch.distributed as dist
 
+from torch_neuronx.distributed import sharding
 from torch_neuronx.distributed.process_group import ProcessGroupNeuron
 from torch_neuronx.runtime import BACKEND_NAME, apply_topology, bind_devices, env_flag, ops, topology
 
@@ -109,6 +111,7 @@ def _create_backend(store, rank: int, world_size: int, timeout):
         atexit.register(_let_gloo_workers_release_finished_work)
         _exit_pause_registered = True
     gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    sharding.install()  # DTensor's strategies for neuron's attention op, once a group exists
     detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
     if detail:  # torch wraps a backend in its own checks; a ProcessGroup it takes as it is
         gloo = dist.distributed_c10d._create_process_group_wrapper(gloo, "neuron_detail", store, rank, world_size,

@@ -1,0 +1,45 @@
+"""Run under torchrun (2 processes): SDPA of DTensors on neuron runs TorchNeuron's fused attention op
+(_scaled_dot_product_fused_attention_overrideable), which DTensor shards by the heads, the batch, or
+not at all, with no collective, forward and backward; the values and gradients are CPU's (the oracle),
+bit for bit. Each rank writes "<rank> ok" to RESULT_DIR. Used by tests/test_attention.py."""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+import torch_neuronx
+
+dist.init_process_group("neuron")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = DeviceMesh("neuron", list(range(world)))
+torch.manual_seed(0)
+for placement in (Shard(1), Shard(0), Replicate()):
+    for mask in (None, torch.randn(4, 1, 8, 8)):
+        q, k, v = (torch.randn(4, 6, 8, 8, requires_grad=True) for _ in range(3))
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        expected.sum().backward()
+        leaves = [distribute_tensor(t.detach().to("neuron"), mesh, [placement]).requires_grad_() for t in (q, k, v)]
+        bias = None if mask is None else distribute_tensor(
+            mask.to("neuron"), mesh, [placement if isinstance(placement, Shard) and placement.dim == 0 else Replicate()])
+        comms = CommDebugMode()
+        torch_neuronx.clear_op_tracking()
+        with comms:
+            out = F.scaled_dot_product_attention(*leaves, attn_mask=bias, is_causal=mask is None)
+            out.sum().backward()
+        executed = torch_neuronx.get_executed_ops()
+        assert "aten::_scaled_dot_product_fused_attention_overrideable" in executed, executed
+        assert "aten::_scaled_dot_product_fused_attention_overrideable_backward" in executed, executed
+        assert comms.get_total_counts() == 0, (placement, comms.get_comm_counts())
+        assert out.placements == (placement,), (placement, out.placements)
+        assert torch.equal(out.full_tensor().cpu(), expected.detach()), placement
+        for leaf, cpu in zip(leaves, (q, k, v)):
+            assert leaf.grad.placements == (placement,)
+            assert torch.equal(leaf.grad.full_tensor().cpu(), cpu.grad), placement
+
+with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as f:
+    f.write(f"{rank} ok")
+dist.destroy_process_group()
