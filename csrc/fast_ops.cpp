@@ -370,17 +370,24 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   return ctx.to_neuron(at::cpu::cat(aliases, dim));
 }
 
-std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                      double dropout_p, bool is_causal,
-                                                      const std::optional<at::Tensor>& attn_mask,
-                                                      std::optional<double> scale) {
-  CallContext ctx("aten::_scaled_dot_product_flash_attention_for_cpu");
+// CPU's flash kernel on the aliases of one call's arguments: its output and log-sum-exp on neuron.
+std::tuple<at::Tensor, at::Tensor> flash_on_host(CallContext& ctx, const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
+                                                 double dropout_p, bool is_causal, std::optional<double> scale) {
   auto cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
   std::optional<at::Tensor> cm = ctx.alias(attn_mask);
   ctx.check_devices();
   auto [out, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(cq, ck, cv, dropout_p, is_causal,
                                                                               cm, scale);
   return {ctx.to_neuron(out), ctx.to_neuron(logsumexp)};
+}
+
+std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      double dropout_p, bool is_causal,
+                                                      const std::optional<at::Tensor>& attn_mask,
+                                                      std::optional<double> scale) {
+  CallContext ctx("aten::_scaled_dot_product_flash_attention_for_cpu");
+  return flash_on_host(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale);
 }
 
 // TorchNeuron's fused attention op (chosen for 4-D inputs by fused_sdp_choice), computed by CPU's
@@ -393,18 +400,14 @@ sdpa_overrideable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal, bool,
                   std::optional<double> scale) {
   CallContext ctx("aten::_scaled_dot_product_fused_attention_overrideable");
-  auto cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
-  std::optional<at::Tensor> cb = ctx.alias(attn_bias);
-  ctx.check_devices();
-  auto [out, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(cq, ck, cv, dropout_p, is_causal,
-                                                                              cb, scale);
+  auto [out, logsumexp] = flash_on_host(ctx, q, k, v, attn_bias, dropout_p, is_causal, scale);
   auto zero = [&] {  // no op calls: profiles show CPU's ops and this one
     at::Tensor state = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
     *state.data_ptr<int64_t>() = 0;
     return ctx.to_neuron(state);
   };
-  return {ctx.to_neuron(out), ctx.to_neuron(logsumexp), at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)),
-          c10::SymInt(k.size(2)), zero(), zero(), at::Tensor()};
+  return {out, logsumexp, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), zero(), zero(),
+          at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
