@@ -255,3 +255,19 @@ def test_the_context_manager_nests_and_restores():
     with pytest.raises(ValueError, match="'gpu' is not one of cpu, trainium"):
         with torch_neuronx.eager_semantics("gpu"):
             pass
+
+
+def test_copy_between_two_neuron_cores_raises_and_is_a_would_fail_finding(collect):
+    """csrc/utils/CopyUtils.cpp, copy_neuron_to_neuron: the runtime's device-to-device copy takes one
+    core (its test_copy_neuron_to_neuron_different_devices_fails). By default the copy is CPU's and the
+    report finds it; a copy on one core, or through the host, is silent."""
+    src, dst = torch.randn(4, 4, device="neuron:0"), torch.empty(4, 4, device="neuron:1")
+    torch.empty(4, 4, device="neuron:0").copy_(src)
+    dst.copy_(src.cpu())
+    assert not [f for f in collect().to_dict()["findings"] if f["kind"] == "cross-core-copy"]
+    dst.copy_(src)
+    assert torch.equal(dst.cpu(), src.cpu())
+    (found,) = [f for f in collect().to_dict()["findings"] if f["kind"] == "cross-core-copy"]
+    assert found["severity"] == "would-fail" and "neuron:0 to neuron:1" in found["details"][0]
+    with trainium(), pytest.raises(RuntimeError, match="Device-to-device copy requires tensors on same Neuron core"):
+        dst.copy_(src)

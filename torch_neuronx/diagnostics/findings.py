@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_neuronx.python_ops import multi_head_attention, op_classes, trainium_semantics
-from torch_neuronx.runtime import BACKEND_NAME, frames
+from torch_neuronx.runtime import BACKEND_NAME, frames, ops
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 SYNCS_IN_A_LOOP = 3  # a host sync at one line this often is in a loop
@@ -77,6 +77,10 @@ KINDS = {
         "would-fail", "TorchNeuron refuses a copy that changes the memory format of a neuron tensor (only "
         "contiguous or preserve): this copy raises", "keep the default memory format on neuron: drop "
         ".to(memory_format=torch.channels_last) / .contiguous(memory_format=...) for neuron tensors"),
+    "cross-core-copy": Kind(
+        "would-fail", "TorchNeuron copies between neuron tensors with the runtime's device-to-device copy, "
+        "which takes one core: a copy_ from one NeuronCore to another raises (RuntimeError: "
+        + trainium_semantics.CROSS_CORE_COPY_ERROR + ")", trainium_semantics.CROSS_CORE_COPY_FIX),
     "non-contiguous-write": Kind(
         "would-fail", "TorchNeuron's kernels take contiguous tensors only, and an op that writes in place (or "
         "into out=) runs its kernel on that tensor: writing into a slice, a transpose or another non-contiguous "
@@ -215,6 +219,12 @@ def _may_change_layout(op: op_classes.OpClass, inputs) -> bool:
     return op.base == "_to_copy" and any(t.dim() in (4, 5) for t in inputs)
 
 
+def _may_cross_cores(op: op_classes.OpClass, inputs) -> bool:
+    """A copy between neuron tensors while the process sees several cores: which cores shows in each
+    call's devices, which the signature leaves out, so every such call is looked at."""
+    return op.base == "copy" and sum(t.device.type == BACKEND_NAME for t in inputs) >= 2 and ops._device_count() > 1
+
+
 def trainium_hits(op: op_classes.OpClass, inputs, results) -> list[tuple[str, str]]:
     """What TorchNeuron's eager rules (python_ops/trainium_semantics.py) make of this call: a copy that
     changes the memory format, a dtype its JAX lowering lacks, a reduction without identity over
@@ -235,6 +245,8 @@ def trainium_hits(op: op_classes.OpClass, inputs, results) -> list[tuple[str, st
         refused = trainium_semantics.mha_refusal(len(inputs) > 7, weights.numel() > 0, weights.dim() != 4)
         if refused is not None:
             hits.append(("mha-fast-path", "a mask tensor" if len(inputs) > 7 else "need_weights=True"))
+    elif base == "copy" and len(inputs) >= 2 and trainium_semantics.crosses_cores(inputs):
+        hits.append(("cross-core-copy", f"from {inputs[1].device} to {inputs[0].device}"))
     elif base == "contiguous" and inputs:  # observed only for a format TorchNeuron refuses (csrc/contiguous.cpp)
         fmt = "channels_last" if inputs[0].dim() == 4 else "channels_last_3d"
         hits.append(("layout-change", f"contiguous(memory_format=torch.{fmt})"))
@@ -317,7 +329,8 @@ class Detector:
         facts = op_classes.classify(op)
         flags = 0
         if self._op_hits(facts, wide) or self._sync(facts.base, inputs, results) is not None \
-                or trainium_hits(facts, inputs, results) or _may_change_layout(facts, inputs):
+                or trainium_hits(facts, inputs, results) or _may_change_layout(facts, inputs) \
+                or _may_cross_cores(facts, inputs):
             flags |= CHECK_EVERY_CALL
         if any(t.dtype is torch.int64 for t in neuron) and _computes(facts):
             flags |= CHECK_INT64_RANGE

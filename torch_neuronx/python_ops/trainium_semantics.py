@@ -14,7 +14,8 @@ reproduce it (each rule names the TorchNeuron file it follows, in its public sou
 - ``out=`` tensors keep their dtype: a float64 or int64 ``out`` is filled with the 32-bit result
   (``validate_output_dtypes`` with casting on, as on the JAX path);
 - a copy that changes the memory format (``.to(memory_format=torch.channels_last)``, to or from
-  neuron) raises (``python_ops/cast_policy.py``, ``validate_neuron_memory_format``);
+  neuron) raises (``python_ops/cast_policy.py``, ``validate_neuron_memory_format``), and so does
+  ``copy_`` between two neuron cores (``csrc/utils/CopyUtils.cpp``, ``copy_neuron_to_neuron``);
 - an in-place op or ``out=`` into a non-contiguous view of a contiguous tensor raises (the kernel writes
   its output tensor as is, and takes contiguous tensors only: ``csrc/core/NeuronBindings.cpp``,
   ``python_ops/torch_mlir/kernel.py``);
@@ -87,6 +88,11 @@ MHA_WEIGHTS_REFUSED = ("Returning attention weights (need_weights=True) is not y
                        "implementation. Please use need_weights=False. For nn.MultiheadAttention "
                        "(need_weights=True by default): call it with need_weights=False, " + MHA_OFF_THE_FAST_PATH
                        + ".")
+# TorchNeuron copies between neuron tensors with the runtime's device-to-device copy, which takes one
+# core (csrc/utils/CopyUtils.cpp, copy_neuron_to_neuron; its test_copy_neuron_to_neuron.py).
+CROSS_CORE_COPY_ERROR = "Device-to-device copy requires tensors on same Neuron core"
+CROSS_CORE_COPY_FIX = ("copy through the host (dst.copy_(src.cpu())), or keep both tensors on one core; "
+                       "across ranks, use a collective")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FORMATS_OK = (None, torch.contiguous_format, torch.preserve_format)
 def _neuron(value) -> bool:
@@ -381,8 +387,20 @@ class TrainiumSemantics(TorchDispatchMode):
         kind = op_classes.kind_of(func)
         if kind == "move":
             _check_memory_format(func, args, kwargs)
+            _check_one_core(func, args)
             return func(*args, **kwargs)
         return _RULES[kind](func, args, kwargs)
+
+
+def crosses_cores(tensors) -> bool:
+    """Whether these tensors are neuron tensors on more than one core."""
+    return len({t.device.index for t in tensors if _neuron(t)}) > 1
+
+
+def _check_one_core(func, args) -> None:
+    if op_classes.base_name(func.name()) == "copy" and len(args) >= 2 and crosses_cores(args[:2]):
+        raise RuntimeError(f"{CROSS_CORE_COPY_ERROR} (from {args[1].device} to {args[0].device}): "
+                           f"{CROSS_CORE_COPY_FIX}")
 
 
 def _check_memory_format(func, args, kwargs) -> None:
