@@ -125,7 +125,8 @@ def build_cases():
     for seq, batch in ((32, 8), (128, 8)):
         cases.append(Case(f"nn.TransformerEncoderLayer(256, 4, 1024) s{seq} b{batch}", common.module_forward,
                           (sequence_first, torch.randn(seq, batch, 256)), 6.0, ("ratio", 1.10)))
-    # rms_norm as TorchNeuron registers it: one named _fused_rms_norm call each way (csrc/rms_norm.cpp).
+    # rms_norm: PyTorch's composite, its forward through the named _fused_rms_norm (info only: what
+    # naming its backward as TorchNeuron does would cost, docs/torchneuron-suite.md).
     norm = torch.nn.RMSNorm(1024, eps=1e-6)
     for rows in (8, 2048):
         cases.append(Case(f"nn.RMSNorm(1024) forward+backward {rows} rows", _forward_backward,
