@@ -115,7 +115,7 @@ def recost(args) -> int:
     import json
 
     from torch_neuronx import simulate
-    from torch_neuronx.simulate import plan as plans
+    from torch_neuronx.simulate import plan as plans, recorded
 
     try:
         with open(args.recost, encoding="utf-8") as f:
@@ -129,7 +129,7 @@ def recost(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        plans.check_recostable(old, args.recost)
+        recorded.check_recostable(old, args.recost)
         name = args.instance or old["instance"]
         same_chip = simulate.resolve(name, None, 1, None)[0].chip.name == old.get("chip")
         lnc = args.lnc if args.lnc is not None else old.get("lnc") if same_chip else None

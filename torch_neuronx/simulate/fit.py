@@ -17,7 +17,7 @@ from collections import Counter
 
 from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.trainium import calibration
-from torch_neuronx.simulate import costing, minimize, plan as plans
+from torch_neuronx.simulate import costing, minimize, plan as plans, recorded
 
 # The fitted constants, each a (name, read, write) of the Calibration: the others are assumed.
 FITTED = (
@@ -159,8 +159,8 @@ def layout_of(plan: dict) -> plans.Layout:
 
 def rank0(plan: dict):
     """Rank 0's record from a written plan (schema 2 or 3)."""
-    plans.check_recostable(plan, "a row's plan")
-    return plans.recorded_record(plan, plan["ranks"][0], plans.group_ranks_of(plan), {})
+    recorded.check_recostable(plan, "a row's plan")
+    return recorded.recorded_record(plan, plan["ranks"][0], recorded.group_ranks_of(plan), {})
 
 
 def samples(records: dict) -> list[Sample]:

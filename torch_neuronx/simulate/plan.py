@@ -19,12 +19,11 @@ from collections import Counter, defaultdict
 from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
 from torch_neuronx.runtime.units import id_ranges as ranges
-from torch_neuronx.simulate import costing, render
+from torch_neuronx.simulate import costing, recorded, render
 
 # 3: one estimate per step (seconds) with its interval and bounds; 2: a [low, high] range, steps,
-# grouped collectives, recorded work. --recost reads both: what it re-costs was recorded alike.
+# grouped collectives, recorded work. --recost reads both (recorded.RECOSTABLE).
 SCHEMA = 3
-RECOSTABLE = (2, 3)
 LINK_ASSUMPTIONS = [
     "between two cores of one chip: not published; the chip's NeuronLink bandwidth is assumed",
     "a link's bandwidth is shared evenly by the group's ranks that use it; groups running at once on one link "
@@ -225,7 +224,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, simulation:
     given, is taken as found (re-costing a plan); else the records are checked."""
     profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
     groups = _Groups(layout)
-    ranks, recorded = [], {}
+    ranks, kept = [], {}
     compute_cache: dict[int, dict] = {}  # ranks that share their work share its costing
     after_cache: dict[int, list] = {}
     overlapped = {}  # rank -> each backward's DDP buckets (bytes, line, time hidden); rank 0's is shown
@@ -234,7 +233,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, simulation:
                                                                 after_cache, groups.name)
         ranks.append(_rank_entry(rec, spans, calls, layout, capacity, cal))
         if "relabelled_from" not in ranks[-1]:
-            recorded[str(rec.rank)] = record_json(rec)
+            kept[str(rec.rank)] = recorded.record_json(rec)
     checked = [rec for rec in records if getattr(rec, "relabelled_from", None) is None]
     over = [{"rank": r["rank"], "peak_bytes": r["peak_bytes"], **r["over_capacity"]} for r in ranks
             if "over_capacity" in r]
@@ -251,7 +250,7 @@ def build(records, layout: Layout, capacity: int, script: str, argv, simulation:
         },
         divergence=divergence if divergence is not None else check_divergence(checked),
         simulation=simulation,
-        recorded=recorded,
+        recorded=kept,
     )
 
 
@@ -269,112 +268,19 @@ def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Cal
             "sources": [profile.source, layout.instance.links.source], "backward_overlap": backward_overlap}
 
 
-# ---- what a plan keeps to be re-costed ----------------------------------------------------------
-def record_json(rec) -> dict:
-    """What re-costing a run rank needs beyond its entry: its op calls' work, launches and steps."""
-    def steps_of(table):
-        return [{"step": step, "items": items} for step, items in table.items()]
-
-    overlaps = [{"step": b["step"], "calls": [list(call) for call in costing.overlap_calls(rec, b)],
-                 "segments": [{**seg, "work": [[p, f, n_bytes, n] for (p, f, n_bytes), n in seg["work"].items()]}
-                              for seg in b["segments"]]} for b in getattr(rec, "overlaps", None) or []]
-    return {"work": steps_of({s: [[p, f, b, n] for (p, f, b), n in w.items()] for s, w in rec.work.items()}),
-            "launches": steps_of(rec.launches), "steps": rec.steps, "overlaps": overlaps,
-            "graph_overlaps": [_graph_overlap_json(entry) for entry in getattr(rec, "graph_overlaps", None) or []]}
-
-
-def _graph_overlap_json(entry: dict) -> dict:
-    events = [list(e) if e[0] == "collective" else ["work", [[*k, n] for k, n in e[1].items()], list(e[2]), e[3]]
-              for e in entry["events"]]
-    return {**entry, "collectives": [[op, list(ranks), nbytes] for op, ranks, nbytes in entry["collectives"]],
-            "events": events}
-
-
-def _graph_overlaps_of(recorded: dict) -> list[dict]:
-    """record_json's graph_overlaps back as a record holds them (schema 2 plans have none)."""
-    out = []
-    for entry in recorded.get("graph_overlaps", []):
-        events = [tuple(e) if e[0] == "collective" else
-                  ("work", {tuple(i[:3]): i[3] for i in e[1]}, tuple(e[2]), e[3]) for e in entry["events"]]
-        out.append({**entry, "collectives": [(op, tuple(ranks), nbytes) for op, ranks, nbytes in entry["collectives"]],
-                    "events": events})
-    return out
-
-
-def _overlaps_of(recorded: dict) -> list[dict]:
-    """record_json's overlaps back as a record holds them (its calls resolved, not indices)."""
-    return [{"step": b["step"], "calls": [(op, tuple(ranks), n_bytes, line) for op, ranks, n_bytes, line in b["calls"]],
-             "segments": [{**seg, "work": {tuple(item[:3]): item[3] for item in seg["work"]}} for seg in b["segments"]]}
-            for b in recorded.get("overlaps", [])]
-
-
-def recorded_record(old: dict, entry: dict, group_ranks: dict, base: dict):
-    """A rank's record again from a written plan (``entry`` one of its ranks, ``group_ranks`` its
-    groups' ranks by name): its recorded work, launches, steps and backwards (shared through ``base``
-    with the ranks relabelled from the same run), and its collectives as the plan grouped them."""
-    from torch_neuronx.simulate.recorder import OverCapacity, RankRecord
-
-    rec = RankRecord(entry["rank"], entry["peak_bytes"], allocations=entry["allocations"])
-    source_rank = str(entry.get("relabelled_from", entry["rank"]))
-    if source_rank not in base:
-        recorded = old["recorded"][source_rank]
-        base[source_rank] = (
-            {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
-            {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded),
-            _graph_overlaps_of(recorded))
-    rec.work, rec.launches, rec.steps, rec.overlaps, rec.graph_overlaps = base[source_rank]
-    rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
-                   for c in entry["collectives"]}
-    rec.relabelled_from = entry.get("relabelled_from")
-    if "error" in entry:
-        rec.error, rec.error_line = entry["error"]["message"], entry["error"]["line"]
-    over = entry.get("over_capacity")
-    if over and over.get("allocation_bytes"):
-        rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"], over["site"])
-    return rec
-
-
-def group_ranks_of(old: dict) -> dict:
-    """{group name: its global ranks} of a written plan."""
-    return {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
-
-
 def recost(old: dict, layout: Layout, capacity: int, source: str,
            cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
     """A written plan (plan.json, schema 2 or 3) costed again on ``layout``: its ranks' recorded work,
     launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
     the ranks' agreement is instance-independent and kept."""
-    check_recostable(old, source)
+    recorded.check_recostable(old, source)
     if len(old["ranks"]) != layout.nnodes * layout.nproc:
         raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked "
                          "for: re-cost with the plan's own --nnodes and --nproc-per-node")
-    groups, base = group_ranks_of(old), {}
-    records = [recorded_record(old, entry, groups, base) for entry in old["ranks"]]
+    groups, base = recorded.group_ranks_of(old), {}
+    records = [recorded.recorded_record(old, entry, groups, base) for entry in old["ranks"]]
     simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
                   "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})",
                   "recorded_schema": old["schema"]}
     return build(records, layout, capacity, old["script"], old["args"], simulation, divergence=old["divergence"],
                  cal=cal)
-
-
-def check_recostable(old, source: str) -> None:
-    """Raise ValueError, naming the fix, unless ``old`` is a plan :func:`recost` can read."""
-    if not isinstance(old, dict) or old.get("schema") not in RECOSTABLE or old.get("mode") != "structure" \
-            or "recorded" not in old:
-        described = (f"schema {old.get('schema')!r}, mode {old.get('mode')!r}" if isinstance(old, dict)
-                     else type(old).__name__)
-        known = " or ".join(map(str, RECOSTABLE))
-        raise ValueError(f"{source} is not a plan this version can re-cost ({described}; re-costing needs a "
-                         f"structure plan of schema {known}, which keeps its recorded work): run the simulation "
-                         "again to write one")
-
-
-def _parse_ranges(text: str) -> tuple[int, ...]:
-    """'0-3,6' -> (0, 1, 2, 3, 6): the inverse of id_ranges, in the group's own order."""
-    out = []
-    for part in text.split(","):
-        if part in ("-", ""):
-            continue
-        first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
-    return tuple(out)
