@@ -151,16 +151,18 @@ class Sample:
 
 
 def layout_of(plan: dict) -> plans.Layout:
+    """The layout of a written plan (plan.json's object, schema 2 or 3)."""
     from torch_neuronx import simulate
 
-    instance, nnodes, lnc = simulate.resolve(plan["instance"], plan["nnodes"], plan["nproc_per_node"], plan["lnc"])
-    return plans.Layout(instance, lnc, nnodes, plan["nproc_per_node"])
+    old = recorded.read(plan, "a row's plan")
+    instance, nnodes, lnc = simulate.resolve(old.instance, old.nnodes, old.nproc_per_node, old.lnc)
+    return plans.Layout(instance, lnc, nnodes, old.nproc_per_node)
 
 
 def rank0(plan: dict):
-    """Rank 0's record from a written plan (schema 2 or 3)."""
-    recorded.check_recostable(plan, "a row's plan")
-    return recorded.recorded_record(plan, plan["ranks"][0], recorded.group_ranks_of(plan), {})
+    """Rank 0's record from a written plan (plan.json's object, schema 2 or 3)."""
+    old = recorded.read(plan, "a row's plan")
+    return recorded.recorded_record(old, old.ranks[0], recorded.group_ranks_of(old), {})
 
 
 def samples(records: dict) -> list[Sample]:

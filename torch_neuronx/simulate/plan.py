@@ -15,11 +15,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter, defaultdict
+from typing import NamedTuple
 
 from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
 from torch_neuronx.runtime.units import id_ranges as ranges
 from torch_neuronx.simulate import costing, recorded, render
+from torch_neuronx.simulate.rows import (Communication, CollectiveRow, Crossing, Divergence, GroupRow, OverCapacityRow,
+                                         PlanTime, RankError, RankRow, Simulation, StepRow)
+from torch_neuronx.runtime.rows import rows_of
 
 # 3: one estimate per step (seconds) with its interval and bounds; 2: a [low, high] range, steps,
 # grouped collectives, recorded work. --recost reads both (recorded.RECOSTABLE).
@@ -47,16 +51,25 @@ class Plan(render.PlanFiles):
     nproc_per_node: int
     world_size: int
     capacity_bytes: int
-    time: dict
-    ranks: list
-    over_capacity: list
-    groups: list
-    communication: dict
-    divergence: dict | None
-    simulation: dict
-    recorded: dict
+    time: PlanTime | None  # None (``{}`` in the JSON) when there are no ranks
+    ranks: list[RankRow]
+    over_capacity: list[OverCapacityRow]
+    groups: list[GroupRow]
+    communication: Communication
+    divergence: Divergence | None
+    simulation: Simulation
+    recorded: dict  # str(rank) -> recorded.record_json of each run rank
     schema: int = SCHEMA
     mode: str = "structure"
+
+    nested = {"time": lambda t: PlanTime.from_dict(t) if t else None, "ranks": rows_of(RankRow),
+              "over_capacity": rows_of(OverCapacityRow), "groups": rows_of(GroupRow),
+              "communication": Communication.from_dict, "divergence": Divergence.from_dict,
+              "simulation": Simulation.from_dict}
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        return out if self.time is not None else {**out, "time": {}}
 
 
 class Layout:
@@ -93,7 +106,7 @@ class Layout:
         return "on chip (assumed)", links.chip_bytes_per_s / max(1, len(ranks))
 
 
-def check_divergence(records) -> dict | None:
+def check_divergence(records) -> Divergence | None:
     """The first disagreement between the members of a process group, or None.
 
     Each group's members must make the same calls on it in the same order; ranks of other
@@ -126,23 +139,29 @@ def check_divergence(records) -> dict | None:
                    f"on the group of ranks {ranges(group)}")
         if len(odd) > 1:
             message += f"; ranks {ranges(odd)} all differ from the others"
-        return {"rank": rank, "ranks": odd, "group": list(group), "index_in_group": at,
-                "index_in_rank": own[0] if own else None, "line": own[1].line if own else None,
-                "call": describe(own), "others": describe(peer), "message": message}
+        return Divergence(rank=rank, ranks=odd, group=list(group), index_in_group=at,
+                          index_in_rank=own[0] if own else None, line=own[1].line if own else None,
+                          call=describe(own), others=describe(peer), message=message)
     return None
 
 
 # ---- the records' time, as the plan gives it -----------------------------------------------------
-def timing(span: time_model.Span, cal: time_model.Calibration, per: int = 1) -> dict:
+class Timing(NamedTuple):
+    seconds: float
+    interval_seconds: list[float]
+    bounds_seconds: list[float]
+
+
+def timing(span: time_model.Span, cal: time_model.Calibration, per: int = 1) -> Timing:
     """A span's estimate, its interval (the model's out-of-sample error) and its bounds (every
     collective hidden, none), each divided by ``per``."""
     point = span.seconds(cal) / per
-    return {"seconds": point, "interval_seconds": list(cal.interval(point)),
-            "bounds_seconds": [s / per for s in span.bounds(cal)]}
+    return Timing(point, list(cal.interval(point)), [s / per for s in span.bounds(cal)])
 
 
 def _parts(span: time_model.Span, cal, per: int) -> dict:
-    """What a span's estimate is made of, each divided by ``per``: the mechanisms the plan names."""
+    """What a span's estimate is made of, each divided by ``per``: the mechanisms the plan names (the
+    fields StepRow and RankRow share, as keyword arguments)."""
     return {"compute_seconds": span.compute_s / per, "launch_seconds": span.launch_s(cal) / per,
             "eager_launches": span.eager_launches / per, "graph_launches": span.graph_launches / per,
             "communication_seconds": span.comm_s / per, "communication_latency_seconds": span.comm_latency_s / per,
@@ -150,21 +169,27 @@ def _parts(span: time_model.Span, cal, per: int) -> dict:
             "communication_hidden_seconds": span.hidden_s / per, "collective_calls": span.comm_calls / per}
 
 
-def _step_rows(spans: dict, steps: dict, cal) -> dict:
+def _per_unit(span: time_model.Span, cal, count: int, amounts: dict) -> dict:
+    """A step's time per token and per sequence (those it counts), as StepRow's keyword arguments."""
+    out = {}
+    for unit, amount in amounts.items():
+        if amount:
+            per = timing(span, cal, count * amount)
+            out.update({f"per_{unit[:-1]}_seconds": per.seconds,
+                        f"per_{unit[:-1]}_interval_seconds": per.interval_seconds,
+                        f"{unit}_per_second": 1 / per.seconds if per.seconds else 0.0,
+                        f"{unit}_per_second_interval": [1 / s if s else 0.0 for s in reversed(per.interval_seconds)]})
+    return out
+
+
+def _step_rows(spans: dict, steps: dict, cal) -> dict[str, StepRow]:
     """Each marked step's time: per step (the mean over its calls), per token or sequence."""
     rows = {}
     for name, info in steps.items():
         span, count = spans.get(name, time_model.Span()), max(1, info["count"])
-        row = {"count": info["count"], "tokens": info["tokens"], "sequences": info["sequences"],
-               **timing(span, cal, count), **_parts(span, cal, count)}
-        for unit in ("tokens", "sequences"):
-            if info[unit]:
-                per = timing(span, cal, count * info[unit])
-                row[f"per_{unit[:-1]}_seconds"] = per["seconds"]
-                row[f"per_{unit[:-1]}_interval_seconds"] = per["interval_seconds"]
-                row[f"{unit}_per_second"] = 1 / per["seconds"] if per["seconds"] else 0.0
-                row[f"{unit}_per_second_interval"] = [1 / s if s else 0.0 for s in reversed(per["interval_seconds"])]
-        rows[name] = row
+        amounts = {"tokens": info["tokens"], "sequences": info["sequences"]}
+        rows[name] = StepRow(info["count"], **amounts, **timing(span, cal, count)._asdict(),
+                             **_parts(span, cal, count), **_per_unit(span, cal, count, amounts))
     return rows
 
 
@@ -178,47 +203,39 @@ class _Groups:
         if group not in self.names:
             self.names[group] = f"g{len(self.names)}"
             link, bw = self.layout.link(group)
-            self.rows.append({"name": self.names[group], "ranks": ranges(group), "size": len(group),
-                              "link": link, "bytes_per_s_per_rank": bw})
+            self.rows.append(GroupRow(self.names[group], ranges(group), len(group), link, bw))
         return self.names[group]
 
 
-def _over_capacity(rec, capacity: int) -> dict | None:
+def _over_capacity(rec, capacity: int) -> Crossing | None:
     """Where a rank's memory crossed the core's HBM (unknown when re-costed for a smaller one)."""
     if rec.over is not None and rec.over.bytes_live > capacity:
-        return {"line": rec.over.line, "site": rec.over.site, "op": rec.over.op,
-                "allocation_bytes": rec.over.allocation, "live_bytes": rec.over.bytes_live}
+        return Crossing(rec.over.line, rec.over.site, rec.over.op, rec.over.allocation, rec.over.bytes_live)
     if rec.peak_bytes > capacity:
-        return {"line": None, "site": None, "op": None, "allocation_bytes": None, "live_bytes": rec.peak_bytes}
+        return Crossing(None, None, None, None, rec.peak_bytes)
     return None
 
 
-def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: int,
-                cal: time_model.Calibration) -> dict:
+def _rank_entry(rec, spans: dict, calls: list[CollectiveRow], layout: Layout, capacity: int,
+                cal: time_model.Calibration) -> RankRow:
     """One rank's row of the plan: where it runs, its memory, its time and its collectives."""
     whole = time_model.Span()
     for span in spans.values():
         whole.add(span)
     run = timing(whole, cal)
-    entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
-             "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
-             "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
-             "step_seconds": run["seconds"], "step_interval_seconds": run["interval_seconds"],
-             "step_bounds_seconds": run["bounds_seconds"], **_parts(whole, cal, 1),
-             "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
-             "steps": _step_rows(spans, rec.steps, cal)}
-    over = _over_capacity(rec, capacity)
-    if over is not None:
-        entry["over_capacity"] = over
-    if rec.error:
-        entry["error"] = {"message": rec.error, "line": rec.error_line}
-    if getattr(rec, "relabelled_from", None) is not None:
-        entry["relabelled_from"] = rec.relabelled_from  # not run: that rank's record, groups translated
-    return entry
+    parts = {**_parts(whole, cal, 1), "collective_calls": sum(c.calls for c in calls)}
+    return RankRow(
+        rank=rec.rank, node=layout.node(rec.rank), local_rank=rec.rank % layout.nproc, chip=layout.chip(rec.rank),
+        peak_bytes=rec.peak_bytes, capacity_bytes=capacity, fits=rec.peak_bytes <= capacity,
+        allocations=rec.allocations, step_seconds=run.seconds, step_interval_seconds=run.interval_seconds,
+        step_bounds_seconds=run.bounds_seconds, **parts, collectives=calls, steps=_step_rows(spans, rec.steps, cal),
+        over_capacity=_over_capacity(rec, capacity),
+        error=RankError(rec.error, rec.error_line) if rec.error else None,
+        relabelled_from=getattr(rec, "relabelled_from", None))
 
 
-def build(records, layout: Layout, capacity: int, script: str, argv, simulation: dict,
-          divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
+def build(records, layout: Layout, capacity: int, script: str, argv, simulation: Simulation,
+          divergence: Divergence | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
     """The plan of ``records`` on ``layout``, timed with ``cal``. ``simulation`` says how they were had
     (elapsed seconds, script runs, ...: the engine's, or the re-costed plan's). ``divergence``, when
     given, is taken as found (re-costing a plan); else the records are checked."""
@@ -232,55 +249,57 @@ def build(records, layout: Layout, capacity: int, script: str, argv, simulation:
         spans, calls, overlapped[rec.rank] = costing.rank_spans(rec, layout, profile, cal, compute_cache,
                                                                 after_cache, groups.name)
         ranks.append(_rank_entry(rec, spans, calls, layout, capacity, cal))
-        if "relabelled_from" not in ranks[-1]:
+        if ranks[-1].relabelled_from is None:
             kept[str(rec.rank)] = recorded.record_json(rec)
     checked = [rec for rec in records if getattr(rec, "relabelled_from", None) is None]
-    over = [{"rank": r["rank"], "peak_bytes": r["peak_bytes"], **r["over_capacity"]} for r in ranks
-            if "over_capacity" in r]
     return Plan(
         script=os.path.abspath(script), args=list(argv), instance=layout.instance.name,
         chip=layout.instance.chip.name, lnc=layout.lnc, nnodes=layout.nnodes, nproc_per_node=layout.nproc,
         world_size=len(records), capacity_bytes=capacity,
         time=time_summary(ranks, profile, layout, cal, overlapped.get(0, [])),
-        ranks=ranks, over_capacity=over, groups=groups.rows,
-        communication={
-            "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
-            "seconds": max((r["communication_seconds"] for r in ranks), default=0.0),
-            "sources": [layout.instance.links.source], "assumptions": LINK_ASSUMPTIONS,
-        },
+        ranks=ranks, over_capacity=_over_rows(ranks), groups=groups.rows,
+        communication=Communication(
+            slowest_rank=max(ranks, key=lambda r: r.communication_seconds).rank if ranks else None,
+            seconds=max((r.communication_seconds for r in ranks), default=0.0),
+            sources=[layout.instance.links.source], assumptions=LINK_ASSUMPTIONS),
         divergence=divergence if divergence is not None else check_divergence(checked),
         simulation=simulation,
         recorded=kept,
     )
 
 
-def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Calibration,
-                 backward_overlap: list[dict]) -> dict:
+def _over_rows(ranks: list[RankRow]) -> list[OverCapacityRow]:
+    """The ranks over their core's HBM, and where each crossed."""
+    return [OverCapacityRow(r.rank, r.peak_bytes, o.line, o.site, o.op, o.allocation_bytes, o.live_bytes)
+            for r in ranks if (o := r.over_capacity) is not None]
+
+
+def time_summary(ranks: list[RankRow], profile, layout: Layout, cal: time_model.Calibration,
+                 backward_overlap: list) -> PlanTime | None:
     """The job's time: the slowest rank's (ranks wait for each other at their collectives); rank
     0's backwards with the collectives they run under their compute (DDP's buckets)."""
     if not ranks:
-        return {}
-    slowest = max(ranks, key=lambda r: r["step_seconds"])
-    return {"step_seconds": slowest["step_seconds"], "interval_seconds": list(cal.interval(slowest["step_seconds"])),
-            "bounds_seconds": [max(r["step_bounds_seconds"][0] for r in ranks), slowest["step_bounds_seconds"][1]],
-            "slowest_rank": slowest["rank"], "steps": slowest["steps"], "profile": profile.as_dict(),
-            "calibration": cal.as_dict(), "assumptions": time_model.assumptions(cal),
-            "sources": [profile.source, layout.instance.links.source], "backward_overlap": backward_overlap}
+        return None
+    slowest = max(ranks, key=lambda r: r.step_seconds)
+    return PlanTime(
+        step_seconds=slowest.step_seconds, interval_seconds=list(cal.interval(slowest.step_seconds)),
+        bounds_seconds=[max(r.step_bounds_seconds[0] for r in ranks), slowest.step_bounds_seconds[1]],
+        slowest_rank=slowest.rank, steps=slowest.steps, profile=profile.as_dict(), calibration=cal.as_dict(),
+        assumptions=time_model.assumptions(cal), sources=[profile.source, layout.instance.links.source],
+        backward_overlap=backward_overlap)
 
 
-def recost(old: dict, layout: Layout, capacity: int, source: str,
+def recost(old: recorded.RecordedPlan, layout: Layout, capacity: int, source: str,
            cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
-    """A written plan (plan.json, schema 2 or 3) costed again on ``layout``: its ranks' recorded work,
-    launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
-    the ranks' agreement is instance-independent and kept."""
-    recorded.check_recostable(old, source)
-    if len(old["ranks"]) != layout.nnodes * layout.nproc:
-        raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked "
+    """A written plan (plan.json, schema 2 or 3, read by :func:`.recorded.read`) costed again on
+    ``layout``: its ranks' recorded work, launches and collectives, nothing run again. Peaks are
+    checked against the new ``capacity``; the ranks' agreement is instance-independent and kept."""
+    if len(old.ranks) != layout.nnodes * layout.nproc:
+        raise ValueError(f"{source} has {len(old.ranks)} ranks, but {layout.nnodes} x {layout.nproc} were asked "
                          "for: re-cost with the plan's own --nnodes and --nproc-per-node")
     groups, base = recorded.group_ranks_of(old), {}
-    records = [recorded.recorded_record(old, entry, groups, base) for entry in old["ranks"]]
-    simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
-                  "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})",
-                  "recorded_schema": old["schema"]}
-    return build(records, layout, capacity, old["script"], old["args"], simulation, divergence=old["divergence"],
-                 cal=cal)
+    records = [recorded.recorded_record(old, entry, groups, base) for entry in old.ranks]
+    simulation = dataclasses.replace(old.simulation, recosted_from=os.path.abspath(source),
+                                     recorded_on=f"{old.nnodes} x {old.instance} (LNC={old.lnc})",
+                                     recorded_schema=old.schema)
+    return build(records, layout, capacity, old.script, old.args, simulation, divergence=old.divergence, cal=cal)

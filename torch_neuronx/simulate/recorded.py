@@ -3,10 +3,65 @@ and backwards, :func:`record_json`), and reading it back from a written plan: a 
 (:func:`recorded_record`), for :func:`.plan.recost` and the fit of the time model (:mod:`.fit`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from torch_neuronx.runtime.rows import Row, rows_of
 from torch_neuronx.simulate import costing
+from torch_neuronx.simulate.rows import CollectiveRow, Crossing, Divergence, GroupRow, RankError, Simulation
 
 # The plan schemas --recost reads: what it re-costs was recorded alike in both.
 RECOSTABLE = (2, 3)
+
+
+@dataclass(frozen=True)
+class RecordedRank(Row):
+    """What re-costing reads of a written plan's rank (its RankRow, of schema 2 or 3)."""
+
+    rank: int
+    peak_bytes: int
+    allocations: int
+    collectives: list[CollectiveRow]
+    over_capacity: Crossing | None = None
+    error: RankError | None = None
+    relabelled_from: int | None = None
+
+    nested = {"collectives": rows_of(CollectiveRow), "over_capacity": Crossing.from_dict,
+              "error": RankError.from_dict}
+
+
+@dataclass(frozen=True)
+class RecordedPlan(Row):
+    """What re-costing and the fit read of a written plan (schema 2 or 3): its layout, its ranks, groups,
+    divergence and simulation, and each run rank's recorded work (``recorded``: record_json's)."""
+
+    schema: int
+    script: str
+    args: list
+    instance: str
+    lnc: int
+    nnodes: int
+    nproc_per_node: int
+    ranks: list[RecordedRank]
+    groups: list[GroupRow]
+    divergence: Divergence | None
+    simulation: Simulation
+    recorded: dict
+    chip: str | None = None
+
+    nested = {"ranks": rows_of(RecordedRank), "groups": rows_of(GroupRow), "divergence": Divergence.from_dict,
+              "simulation": Simulation.from_dict}
+
+
+def read(data, source: str) -> RecordedPlan:
+    """A written plan (plan.json's object) as re-costing reads it; ValueError, naming the fix, when it
+    is not a plan this version can re-cost, KeyError when a key it needs is missing."""
+    check_recostable(data, source)
+    return RecordedPlan.from_dict(data)
+
+
+def script_named(data):
+    """The script a written plan names (for an error message: the plan is not read yet)."""
+    return data.get("script")
 
 
 def record_json(rec) -> dict:
@@ -47,39 +102,43 @@ def _overlaps_of(recorded: dict) -> list[dict]:
             for b in recorded.get("overlaps", [])]
 
 
-def recorded_record(old: dict, entry: dict, group_ranks: dict, base: dict):
+def _recorded_parts(recorded: dict) -> tuple:
+    """A run rank's record_json back as its record holds it: (work, launches, steps, backwards,
+    compiled graphs' overlaps). The one reader of record_json's keys."""
+    return ({s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
+            {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded),
+            _graph_overlaps_of(recorded))
+
+
+def recorded_record(old: RecordedPlan, entry: RecordedRank, group_ranks: dict, base: dict):
     """A rank's record again from a written plan (``entry`` one of its ranks, ``group_ranks`` its
     groups' ranks by name): its recorded work, launches, steps and backwards (shared through ``base``
     with the ranks relabelled from the same run), and its collectives as the plan grouped them."""
     from torch_neuronx.simulate.recorder import OverCapacity, RankRecord
 
-    rec = RankRecord(entry["rank"], entry["peak_bytes"], allocations=entry["allocations"])
-    source_rank = str(entry.get("relabelled_from", entry["rank"]))
+    rec = RankRecord(entry.rank, entry.peak_bytes, allocations=entry.allocations)
+    source_rank = str(entry.rank if entry.relabelled_from is None else entry.relabelled_from)
     if source_rank not in base:
-        recorded = old["recorded"][source_rank]
-        base[source_rank] = (
-            {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
-            {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded),
-            _graph_overlaps_of(recorded))
+        base[source_rank] = _recorded_parts(old.recorded[source_rank])
     rec.work, rec.launches, rec.steps, rec.overlaps, rec.graph_overlaps = base[source_rank]
-    rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
-                   for c in entry["collectives"]}
-    rec.relabelled_from = entry.get("relabelled_from")
-    if "error" in entry:
-        rec.error, rec.error_line = entry["error"]["message"], entry["error"]["line"]
-    over = entry.get("over_capacity")
-    if over and over.get("allocation_bytes"):
-        rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"], over["site"])
+    rec.grouped = {(c.op, group_ranks[c.group], c.bytes, c.shapes, c.line, c.step): c.calls for c in entry.collectives}
+    rec.relabelled_from = entry.relabelled_from
+    if entry.error is not None:
+        rec.error, rec.error_line = entry.error.message, entry.error.line
+    over = entry.over_capacity
+    if over is not None and over.allocation_bytes:
+        rec.over = OverCapacity(over.live_bytes, over.allocation_bytes, over.op, over.line, over.site)
     return rec
 
 
-def group_ranks_of(old: dict) -> dict:
+def group_ranks_of(old: RecordedPlan) -> dict:
     """{group name: its global ranks} of a written plan."""
-    return {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
+    return {g.name: _parse_ranges(g.ranks) for g in old.groups}
 
 
 def check_recostable(old, source: str) -> None:
-    """Raise ValueError, naming the fix, unless ``old`` is a plan :func:`recost` can read."""
+    """Raise ValueError, naming the fix, unless ``old`` (a plan.json's object) is a plan re-costing can
+    read: the check before :func:`read` reads it."""
     if not isinstance(old, dict) or old.get("schema") not in RECOSTABLE or old.get("mode") != "structure" \
             or "recorded" not in old:
         described = (f"schema {old.get('schema')!r}, mode {old.get('mode')!r}" if isinstance(old, dict)
