@@ -59,13 +59,13 @@ def costed_collectives(rec, spans: dict, layout, cal, name_of=lambda group: None
     return calls
 
 
-def overlap_calls(rec, backward: dict) -> list[tuple[str, tuple, int, str | None]]:
+def overlap_calls(rec, backward) -> list[tuple[str, tuple, int, str | None]]:
     """(op, ranks, bytes, line) of each collective a backward launched without waiting for it, its
     group translated for a relabelled rank. A run record holds indices into its collectives, a
     re-costed one the calls themselves."""
     translate = getattr(rec, "group_map", None) or {}
     calls = []
-    for call in backward["calls"]:
+    for call in backward.calls:
         if isinstance(call, int):
             c = rec.collectives[call]
             call = (c.op, c.ranks, c.bytes, c.line)
@@ -74,10 +74,10 @@ def overlap_calls(rec, backward: dict) -> list[tuple[str, tuple, int, str | None
     return calls
 
 
-def _compute_after(profile, backward: dict, cal) -> list[float]:
-    """The compute seconds (work and launches) left after each launch."""
-    costs = [time_model.work_span(profile, Counter(seg["work"]), cal) + seg["eager"] * cal.eager_launch_s
-             + seg["graph"] * cal.graph_launch_s for seg in backward["segments"]]
+def _compute_after(profile, backward, cal) -> list[float]:
+    """The compute seconds (work and launches) left after each launch of ``backward`` (overlap.Backward)."""
+    costs = [time_model.work_span(profile, Counter(seg.work), cal) + seg.eager * cal.eager_launch_s
+             + seg.graph * cal.graph_launch_s for seg in backward.segments]
     return [sum(costs[i:]) for i in range(len(costs))]
 
 
@@ -91,8 +91,8 @@ def hidden(rec, spans: dict, layout, profile, cal, cache: dict) -> list[Backward
         calls, after = overlap_calls(rec, backward), cache[id(backward)]
         seconds = [sum(collective_seconds(op, ranks, nbytes, layout, cal)) for op, ranks, nbytes, _ in calls]
         hidden_s = time_model.overlapped_seconds(zip(seconds, after))
-        spans.setdefault(backward["step"], time_model.Span()).hidden_s += hidden_s
-        listed.append(BackwardRow(backward["step"], hidden_s, sum(seconds) - hidden_s,
+        spans.setdefault(backward.step, time_model.Span()).hidden_s += hidden_s
+        listed.append(BackwardRow(backward.step, hidden_s, sum(seconds) - hidden_s,
                                   [OverlapCallRow(op, ranges(ranks), nbytes, line, t, a)
                                    for (op, ranks, nbytes, line), t, a in zip(calls, seconds, after)]))
     return listed
@@ -103,15 +103,15 @@ def graph_hidden(rec, spans: dict, layout, profile, cal) -> None:
     (graph_overlap.py), per call, goes to its step's span as hidden."""
     translate = getattr(rec, "group_map", None) or {}
     for entry in getattr(rec, "graph_overlaps", None) or []:
-        calls = entry["collectives"]
+        calls = entry.collectives
 
         def collective(i, calls=calls):
             op, ranks, nbytes = calls[i]
             return sum(collective_seconds(op, translate.get(tuple(ranks), tuple(ranks)), nbytes, layout, cal))
 
         hidden_s = time_model.scheduled_hidden(
-            entry["events"], lambda work: time_model.work_span(profile, Counter(work), cal), collective)
-        spans.setdefault(entry["step"], time_model.Span()).hidden_s += hidden_s * entry["calls"]
+            entry.events, lambda work: time_model.work_span(profile, Counter(work), cal), collective)
+        spans.setdefault(entry.step, time_model.Span()).hidden_s += hidden_s * entry.calls
 
 
 def rank_spans(rec, layout, profile, cal, compute_cache: dict | None = None, after_cache: dict | None = None,

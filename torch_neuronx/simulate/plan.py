@@ -186,9 +186,9 @@ def _step_rows(spans: dict, steps: dict, cal) -> dict[str, StepRow]:
     """Each marked step's time: per step (the mean over its calls), per token or sequence."""
     rows = {}
     for name, info in steps.items():
-        span, count = spans.get(name, time_model.Span()), max(1, info["count"])
-        amounts = {"tokens": info["tokens"], "sequences": info["sequences"]}
-        rows[name] = StepRow(info["count"], **amounts, **timing(span, cal, count)._asdict(),
+        span, count = spans.get(name, time_model.Span()), max(1, info.count)
+        amounts = {"tokens": info.tokens, "sequences": info.sequences}
+        rows[name] = StepRow(info.count, **amounts, **timing(span, cal, count)._asdict(),
                              **_parts(span, cal, count), **_per_unit(span, cal, count, amounts))
     return rows
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from torch_neuronx.runtime.rows import Row, rows_of
 from torch_neuronx.simulate import costing
+from torch_neuronx.simulate.graph_overlap import GraphOverlap
 from torch_neuronx.simulate.rows import CollectiveRow, Crossing, Divergence, GroupRow, RankError, Simulation
+from torch_neuronx.simulate.steps import StepCount
 
 # The plan schemas --recost reads: what it re-costs was recorded alike in both.
 RECOSTABLE = (2, 3)
@@ -69,44 +71,53 @@ def record_json(rec) -> dict:
     def steps_of(table):
         return [{"step": step, "items": items} for step, items in table.items()]
 
-    overlaps = [{"step": b["step"], "calls": [list(call) for call in costing.overlap_calls(rec, b)],
-                 "segments": [{**seg, "work": [[p, f, n_bytes, n] for (p, f, n_bytes), n in seg["work"].items()]}
-                              for seg in b["segments"]]} for b in getattr(rec, "overlaps", None) or []]
+    overlaps = [{"step": b.step, "calls": [list(call) for call in costing.overlap_calls(rec, b)],
+                 "segments": [{"work": [[p, f, n_bytes, n] for (p, f, n_bytes), n in seg.work.items()],
+                               "eager": seg.eager, "graph": seg.graph} for seg in b.segments]}
+                for b in getattr(rec, "overlaps", None) or []]
     return {"work": steps_of({s: [[p, f, b, n] for (p, f, b), n in w.items()] for s, w in rec.work.items()}),
-            "launches": steps_of(rec.launches), "steps": rec.steps, "overlaps": overlaps,
+            "launches": steps_of(rec.launches), "steps": {name: s.to_dict() for name, s in rec.steps.items()},
+            "overlaps": overlaps,
             "graph_overlaps": [_graph_overlap_json(entry) for entry in getattr(rec, "graph_overlaps", None) or []]}
 
 
-def _graph_overlap_json(entry: dict) -> dict:
+def _graph_overlap_json(entry: GraphOverlap) -> dict:
     events = [list(e) if e[0] == "collective" else ["work", [[*k, n] for k, n in e[1].items()], list(e[2]), e[3]]
-              for e in entry["events"]]
-    return {**entry, "collectives": [[op, list(ranks), nbytes] for op, ranks, nbytes in entry["collectives"]],
-            "events": events}
+              for e in entry.events]
+    return {"step": entry.step, "graph": entry.graph,
+            "collectives": [[op, list(ranks), nbytes] for op, ranks, nbytes in entry.collectives], "events": events,
+            "calls": entry.calls}
 
 
-def _graph_overlaps_of(recorded: dict) -> list[dict]:
+# ---- reading back: record_json's keys are read here only ------------------------------------------
+def _graph_overlaps_of(recorded: dict) -> list[GraphOverlap]:
     """record_json's graph_overlaps back as a record holds them (schema 2 plans have none)."""
     out = []
     for entry in recorded.get("graph_overlaps", []):
         events = [tuple(e) if e[0] == "collective" else
                   ("work", {tuple(i[:3]): i[3] for i in e[1]}, tuple(e[2]), e[3]) for e in entry["events"]]
-        out.append({**entry, "collectives": [(op, tuple(ranks), nbytes) for op, ranks, nbytes in entry["collectives"]],
-                    "events": events})
+        out.append(GraphOverlap(entry["step"], entry["graph"],
+                                [(op, tuple(ranks), nbytes) for op, ranks, nbytes in entry["collectives"]], events,
+                                entry["calls"]))
     return out
 
 
-def _overlaps_of(recorded: dict) -> list[dict]:
+def _overlaps_of(recorded: dict) -> list:
     """record_json's overlaps back as a record holds them (its calls resolved, not indices)."""
-    return [{"step": b["step"], "calls": [(op, tuple(ranks), n_bytes, line) for op, ranks, n_bytes, line in b["calls"]],
-             "segments": [{**seg, "work": {tuple(item[:3]): item[3] for item in seg["work"]}} for seg in b["segments"]]}
+    from torch_neuronx.simulate.overlap import Backward, Segment
+
+    return [Backward(b["step"], [(op, tuple(ranks), n_bytes, line) for op, ranks, n_bytes, line in b["calls"]],
+                     [Segment({tuple(item[:3]): item[3] for item in seg["work"]}, seg["eager"], seg["graph"])
+                      for seg in b["segments"]])
             for b in recorded.get("overlaps", [])]
 
 
 def _recorded_parts(recorded: dict) -> tuple:
     """A run rank's record_json back as its record holds it: (work, launches, steps, backwards,
-    compiled graphs' overlaps). The one reader of record_json's keys."""
+    compiled graphs' overlaps)."""
     return ({s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
-            {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded),
+            {s["step"]: s["items"] for s in recorded["launches"]},
+            {name: StepCount.from_dict(s) for name, s in recorded["steps"].items()}, _overlaps_of(recorded),
             _graph_overlaps_of(recorded))
 
 
