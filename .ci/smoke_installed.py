@@ -105,7 +105,7 @@ def _report():
         (x * 2).sum().item()
         report = torch_neuronx.report()
         print("aten::mul.Tensor" in torch_neuronx.get_executed_ops())
-        print(sorted({f["kind"] for f in report.findings}))
+        print(sorted({f.kind for f in report.findings}))
     """).stdout.splitlines()
     assert out[0] == "True" and "float64" in out[1], out
 

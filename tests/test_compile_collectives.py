@@ -83,7 +83,7 @@ READINESS_SCRIPT = """
     torch.testing.assert_close(out.cpu(), eager.cpu())
     for got, p in zip(grads, model.parameters()):
         torch.testing.assert_close(got.cpu(), p.grad.cpu())
-    failing = [(f["kind"], list(f["ops"]), f["site"]) for f in report.findings if f["severity"] == "would-fail"]
+    failing = [(f.kind, list(f.ops), f.site) for f in report.findings if f.severity == "would-fail"]
     with open(os.path.join(sys.argv[2], f"findings-{rank}"), "w") as out_file:
         out_file.write(repr(failing))
     dist.destroy_process_group()

@@ -42,13 +42,13 @@ SCRIPT = """
     compiled = train(model, torch.compile(model, backend="neuron"))
     report = diagnostics.report("Trainium2:2")
     diagnostics.stop()
-    graphs = [{k: g[k] for k in ("name", "calls", "parts")} for g in report.compiled_graphs]
-    failing = [f["kind"] for f in report.findings if f["severity"] == "would-fail"]
+    graphs = [{k: getattr(g, k) for k in ("name", "calls", "parts")} for g in report.compiled_graphs]
+    failing = [f.kind for f in report.findings if f.severity == "would-fail"]
     torch._dynamo.reset()
     model = build()
     diagnostics.start()
     xla = train(model, torch.compile(model, backend="neuron", options={"executor": "xla"}))
-    xla_graphs = [{k: g[k] for k in ("name", "calls", "parts")} for g in diagnostics.report("Trainium2:2").compiled_graphs]
+    xla_graphs = [{k: getattr(g, k) for k in ("name", "calls", "parts")} for g in diagnostics.report("Trainium2:2").compiled_graphs]
     diagnostics.stop()
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump({"eager": eager, "compiled": compiled, "graphs": graphs, "failing": failing, "xla": xla,

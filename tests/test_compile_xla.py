@@ -349,14 +349,14 @@ def test_a_cached_program_reports_its_stablehlo_without_lowering_again(monkeypat
     x = torch.randn(4, 16, device=N)
     with torch.no_grad():
         compile_xla(model, "option", monkeypatch)(x)
-        first = dict(collect().compiled_graphs[-1]["stablehlo_ops"])
+        first = dict(collect().compiled_graphs[-1].stablehlo_ops)
         torch._dynamo.reset()
         lowered = []
         monkeypatch.setattr(lowering, "lower", lambda *a, **k: lowered.append(a) or pytest.fail("lowered again"))
         compile_xla(model, "option", monkeypatch)(x)
     assert [m["cache"] for m in backend.get_dynamo_metrics()] == ["miss", "hit"] and not lowered
     graph = collect().compiled_graphs[-1]
-    assert graph["lowering"] == "lowered" and graph["stablehlo_ops"] == first
+    assert graph.lowering == "lowered" and graph.stablehlo_ops == first
     assert first.get("stablehlo.dot_general") == 2
 
 
@@ -435,12 +435,12 @@ def test_readiness_report_lowers_graphs_under_the_default_executor(collect):
     assert_compiled()
 
     report = collect()
-    found = [f for f in report.findings if f["kind"] == "stablehlo-lowering"]
+    found = [f for f in report.findings if f.kind == "stablehlo-lowering"]
     assert len(found) == 1, found
-    assert any("_fft_r2c" in op for op in found[0]["ops"]) and found[0]["site"].startswith(site), found
-    graphs = {g["lowering"]: g for g in report.compiled_graphs}
+    assert any("_fft_r2c" in op for op in found[0].ops) and found[0].site.startswith(site), found
+    graphs = {g.lowering: g for g in report.compiled_graphs}
     assert set(graphs) == {"failed", "lowered"}, report.compiled_graphs
-    assert graphs["lowered"]["stablehlo_ops"].get("stablehlo.dot_general", 0) >= 1, graphs["lowered"]
+    assert graphs["lowered"].stablehlo_ops.get("stablehlo.dot_general", 0) >= 1, graphs["lowered"]
     assert "StableHLO lowering" in str(report)
 
 
@@ -462,7 +462,7 @@ MISSING_TORCH_MLIR = """
         out = torch.compile(lambda t: t * 3, backend="neuron")(torch.ones(2, device="neuron"))
         print("OUT:", out.cpu().tolist())
         earlier = diagnostics.report("Trainium2:2").compiled_graphs
-        print("LOWERING:", [g["lowering"] for g in earlier])
+        print("LOWERING:", [g.lowering for g in earlier])
         torch._dynamo.reset()
         diagnostics.start()
         cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
@@ -470,7 +470,7 @@ MISSING_TORCH_MLIR = """
         loss = torch.compile(cnn, backend="neuron")(torch.randn(2, 3, 8, 8).to("neuron")).sum()
         loss.backward()
         graphs = [g for g in diagnostics.report("Trainium2:2").compiled_graphs if g not in earlier]
-        print("TRAINING:", [(g["name"].endswith(".backward"), g["lowering"][:12], g["calls"]) for g in graphs])
+        print("TRAINING:", [(g.name.endswith(".backward"), g.lowering[:12], g.calls) for g in graphs])
     finally:
         diagnostics.stop()
 """
@@ -616,7 +616,7 @@ def small_cnn():
 
 
 def _forward_and_backward(report) -> tuple[dict, dict]:
-    graphs = {g["name"]: g for g in report.compiled_graphs}
+    graphs = {g.name: g for g in report.compiled_graphs}
     [name] = [n for n in graphs if not n.endswith(".backward")]
     assert set(graphs) == {name, f"{name}.backward"}, graphs
     return graphs[name], graphs[f"{name}.backward"]
@@ -634,12 +634,12 @@ def test_a_compiled_cnn_training_loop_lowers_forward_and_backward_with_no_cpu_fa
         F.cross_entropy(step(x), y).backward()
     report = collect()
     forward, backward = _forward_and_backward(report)
-    assert forward["parts"] == {"forward": "lowered"} and backward["parts"] == {"backward": "lowered"}
-    assert forward["calls"] == backward["calls"] == 2
-    assert backward["ops"] > 0 and backward["estimated_ms_per_call"] > 0 and not backward["error"], backward
-    assert not {"cpu-fallback", "device-rng", "stablehlo-lowering"} & {f["kind"] for f in report.findings}
+    assert forward.parts == {"forward": "lowered"} and backward.parts == {"backward": "lowered"}
+    assert forward.calls == backward.calls == 2
+    assert backward.ops > 0 and backward.estimated_ms_per_call > 0 and not backward.error, backward
+    assert not {"cpu-fallback", "device-rng", "stablehlo-lowering"} & {f.kind for f in report.findings}
     text = str(report)
-    assert f"{forward['name']}: forward lowered" in text and f"{backward['name']}: backward lowered" in text
+    assert f"{forward.name}: forward lowered" in text and f"{backward.name}: backward lowered" in text
 
 
 class _UserCNN(torch.nn.Module):
@@ -671,8 +671,8 @@ def test_every_graph_of_a_cnn_trained_with_an_optimizer_is_listed_with_its_kind(
         loss.backward()
         opt.step()
     forward, backward = _forward_and_backward(collect())
-    assert forward["parts"] == {"forward": "lowered"} and backward["parts"] == {"backward": "lowered"}
-    assert forward["calls"] == backward["calls"] == 3
+    assert forward.parts == {"forward": "lowered"} and backward.parts == {"backward": "lowered"}
+    assert forward.calls == backward.calls == 3
 
 
 def test_a_lowering_check_that_stops_after_the_forward_says_so(collect, monkeypatch):
@@ -690,11 +690,11 @@ def test_a_lowering_check_that_stops_after_the_forward_says_so(collect, monkeypa
     torch.compile(lambda t: (t @ w).sum(), backend="neuron")(torch.randn(2, 8).to(N)).backward()
     report = collect()
     forward, backward = _forward_and_backward(report)
-    assert forward["parts"] == {"forward": "lowered"}
-    assert forward["lowering"].startswith("not checked: ") and "the lowering worker died" in forward["lowering"]
-    assert backward["lowering"] == "not lowered" and backward["calls"] == 1
+    assert forward.parts == {"forward": "lowered"}
+    assert forward.lowering.startswith("not checked: ") and "the lowering worker died" in forward.lowering
+    assert backward.lowering == "not lowered" and backward.calls == 1
     text = str(report)
-    assert f"{forward['name']}: forward lowered; not checked: " in text and f"{backward['name']}: not lowered" in text
+    assert f"{forward.name}: forward lowered; not checked: " in text and f"{backward.name}: not lowered" in text
 
 
 def test_a_backward_that_does_not_lower_is_a_finding_naming_the_backward_graph(collect):
@@ -713,10 +713,10 @@ def test_a_backward_that_does_not_lower_is_a_finding_naming_the_backward_graph(c
     torch.compile(lambda t: SpectralGrad.apply(t).sum(), backend="neuron")(w).backward()
     report = collect()
     forward, backward = _forward_and_backward(report)
-    assert forward["parts"] == {"forward": "lowered"}
-    assert backward["parts"] == {"backward": "failed: aten._fft_r2c (torch-backend)"}, backward
-    [found] = [f for f in report.findings if f["kind"] == "stablehlo-lowering"]
-    assert any("backward graph" in d for d in found["details"]), found
+    assert forward.parts == {"forward": "lowered"}
+    assert backward.parts == {"backward": "failed: aten._fft_r2c (torch-backend)"}, backward
+    [found] = [f for f in report.findings if f.kind == "stablehlo-lowering"]
+    assert any("backward graph" in d for d in found.details), found
 
 
 def test_the_transformer_fast_path_finding_names_its_switch(collect):
@@ -724,8 +724,8 @@ def test_the_transformer_fast_path_finding_names_its_switch(collect):
     x = torch.randn(2, 5, 32).to(N)
     with torch.no_grad():
         torch.compile(layer, backend="neuron")(x)
-    [found] = [f for f in collect().findings if f["kind"] == "stablehlo-lowering"]
-    assert "torch.backends.mha.set_fastpath_enabled(False)" in found["fix"], found
+    [found] = [f for f in collect().findings if f.kind == "stablehlo-lowering"]
+    assert "torch.backends.mha.set_fastpath_enabled(False)" in found.fix, found
 
 
 def test_without_the_fast_path_the_transformer_lowers_and_nothing_is_found(collect):
@@ -739,7 +739,7 @@ def test_without_the_fast_path_the_transformer_lowers_and_nothing_is_found(colle
     finally:
         torch.backends.mha.set_fastpath_enabled(enabled)
     report = collect()
-    assert [g["parts"] for g in report.compiled_graphs] == [{"inference": "lowered"}]
+    assert [g.parts for g in report.compiled_graphs] == [{"inference": "lowered"}]
     assert not report.findings
 
 
@@ -751,12 +751,12 @@ def test_random_ops_in_a_compiled_graph_compute_differently_but_dropout_and_plai
     assert not collect().findings
     torch._dynamo.reset()
     torch.compile(lambda t: F.dropout(t, 0.5, training=True), backend="neuron")(torch.ones(8, device=N))
-    assert not [f for f in collect().findings if f["kind"] == "compiled-rng"]
+    assert not [f for f in collect().findings if f.kind == "compiled-rng"]
     torch._dynamo.reset()
     torch.compile(lambda t: t + torch.rand(8, device=N), backend="neuron")(torch.ones(8, device=N))
-    [found] = [f for f in collect().findings if f["kind"] == "compiled-rng"]
-    assert found["severity"] == "computes-differently"
-    assert any("drawn by the compiled program" in d for d in found["details"]), found
+    [found] = [f for f in collect().findings if f.kind == "compiled-rng"]
+    assert found.severity == "computes-differently"
+    assert any("drawn by the compiled program" in d for d in found.details), found
 
 
 def test_a_custom_op_crosses_to_the_worker_which_imports_its_module():

@@ -76,16 +76,16 @@ def test_the_report_finds_a_refused_format_at_its_line_and_nothing_for_the_rest(
     x.transpose(2, 3).contiguous()
     x.transpose(2, 3).contiguous(memory_format=torch.preserve_format)
     x.clone(memory_format=torch.channels_last)  # clone keeps any format on TorchNeuron
-    assert not [f for f in collect().findings if f["kind"] == "layout-change"]
+    assert not [f for f in collect().findings if f.kind == "layout-change"]
     for _ in range(2):
         x.contiguous(memory_format=torch.channels_last); site = here()
     y = torch.randn(1, 2, 3, 4, 5, device=N).requires_grad_()
     y.contiguous(memory_format=torch.channels_last_3d); site_3d = here()
-    found = {f["site"]: f for f in collect().findings if f["kind"] == "layout-change"}
+    found = {f.site: f for f in collect().findings if f.kind == "layout-change"}
     assert set(found) == {site, site_3d}
-    assert found[site]["ops"] == {"aten::contiguous": 2} and found[site]["severity"] == "would-fail"
-    assert "torch.channels_last)" in found[site]["details"][0]
-    assert "channels_last_3d" in found[site_3d]["details"][0]
+    assert found[site].ops == {"aten::contiguous": 2} and found[site].severity == "would-fail"
+    assert "torch.channels_last)" in found[site].details[0]
+    assert "channels_last_3d" in found[site_3d].details[0]
 
 
 def test_a_compiled_function_keeps_pytorchs_composite():

@@ -44,7 +44,7 @@ def here(offset: int = 0) -> str:
 def kinds(report) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for f in report.findings:
-        out.setdefault(f["kind"], []).append(f)
+        out.setdefault(f.kind, []).append(f)
     return out
 
 
@@ -124,7 +124,7 @@ def test_signature_counts_exact(collect):
     }
     # NEFFs, as TorchNeuron keys its kernels: both mm signatures fall in one 128-row tile (M=4 and M=2
     # padded to 128), the cast is a copy (no kernel): 3 NEFFs, launched 4 + 2 + 1 times.
-    neffs = {(n["name"], tuple(n["inputs"])): n["launches"] for n in collect().neffs}
+    neffs = {(n.name, tuple(n.inputs)): n.launches for n in collect().neffs}
     assert neffs == {("aten::mm", ("f32[128, 8]", "f32[8, 3]")): 4, ("aten::add.Tensor", ("f32[4, 3]", "f32[4, 3]")): 2,
                      ("aten::add.Tensor", ("f32[4, 3]", "bf16[4, 3]")): 1}
 
@@ -155,8 +155,8 @@ def test_float64(collect):
     y = torch.ones(3, dtype=torch.float64).to(N); site = here()
     y * 2; mul_site = here()
     found = kinds(collect())["float64"]
-    assert {f["site"] for f in found} == {site, mul_site}
-    assert {f["site"]: list(f["ops"]) for f in found} == {site: ["aten::_to_copy"], mul_site: ["aten::mul.Tensor"]}
+    assert {f.site for f in found} == {site, mul_site}
+    assert {f.site: list(f.ops) for f in found} == {site: ["aten::_to_copy"], mul_site: ["aten::mul.Tensor"]}
 
 
 def test_int64_out_of_int32_range(collect):
@@ -166,7 +166,7 @@ def test_int64_out_of_int32_range(collect):
     assert "int64-range" not in kinds(collect())
     big - 1; site = here()  # computed in int32 on Trainium: 2**31 does not fit
     (found,) = kinds(collect())["int64-range"]
-    assert found["site"] == site and "2147483648" in found["details"][0]
+    assert found.site == site and "2147483648" in found.details[0]
 
 
 def test_what_trainiums_eager_rules_refuse_is_found_and_nothing_else(collect):
@@ -187,12 +187,12 @@ def test_what_trainiums_eager_rules_refuse_is_found_and_nothing_else(collect):
     torch.zeros(0, 3, device=N).amax(1); empty_site = here()
     found = kinds(collect())
     (layout,) = found["layout-change"]
-    assert (layout["site"], layout["ops"], layout["count"]) == (layout_site, {"aten::_to_copy": 2}, 2)
-    assert "channels_last" in layout["details"][0] and layout["severity"] == "would-fail"
+    assert (layout.site, layout.ops, layout.count) == (layout_site, {"aten::_to_copy": 2}, 2)
+    assert "channels_last" in layout.details[0] and layout.severity == "would-fail"
     (dtype,) = found["unsupported-dtype"]
-    assert dtype["site"] == dtype_site and "uint16" in dtype["details"][0] and dtype["severity"] == "would-fail"
+    assert dtype.site == dtype_site and "uint16" in dtype.details[0] and dtype.severity == "would-fail"
     (empty,) = found["empty-reduction"]
-    assert empty["site"] == empty_site and empty["ops"] == {"aten::amax": 1}
+    assert empty.site == empty_site and empty.ops == {"aten::amax": 1}
 
 
 def test_writing_into_a_non_contiguous_view_is_found_and_nothing_else(collect):
@@ -217,12 +217,12 @@ def test_writing_into_a_non_contiguous_view_is_found_and_nothing_else(collect):
         x[:, 3] += 2; column_site = here()
     x.t().mul_(2); transpose_site = here()
     torch.add(x[:, 1], 1, out=x[:, 2]); out_site = here()
-    found = {f["site"]: f for f in kinds(collect())["non-contiguous-write"]}
+    found = {f.site: f for f in kinds(collect())["non-contiguous-write"]}
     assert set(found) == {column_site, transpose_site, out_site}, found
-    assert found[column_site]["ops"] == {"aten::add_.Tensor": 2} and found[column_site]["severity"] == "would-fail"
-    assert found[transpose_site]["ops"] == {"aten::mul_.Tensor": 1}
-    assert found[out_site]["ops"] == {"aten::add.out": 1}
-    assert "(10,)" in found[column_site]["details"][0]
+    assert found[column_site].ops == {"aten::add_.Tensor": 2} and found[column_site].severity == "would-fail"
+    assert found[transpose_site].ops == {"aten::mul_.Tensor": 1}
+    assert found[out_site].ops == {"aten::add.out": 1}
+    assert "(10,)" in found[column_site].details[0]
     cpu = torch.ones(10, 10)  # the values stay CPU's: only the report says where Trainium would fail
     cpu[3] += 1
     cpu[:, 3] = 7
@@ -264,12 +264,12 @@ def test_later_calls_of_a_signature_are_checked(collect):
         strided * 1; strided_site = here()
     found = kinds(collect())
     (wide,) = found["float64"]
-    assert (wide["site"], wide["ops"], wide["count"]) == (wide_site, {"aten::_to_copy": 1}, 1)
+    assert (wide.site, wide.ops, wide.count) == (wide_site, {"aten::_to_copy": 1}, 1)
     (sync,) = found["host-sync-in-loop"]
-    assert (sync["site"], sync["count"]) == (cpu_site, 3)
-    out_of_range = {f["site"]: f for f in found["int64-range"]}
-    assert out_of_range[add_site]["count"] == 2 and "2147483649" in out_of_range[add_site]["details"][0]
-    assert out_of_range[strided_site]["count"] == 2 and "1099511627776" in out_of_range[strided_site]["details"][0]
+    assert (sync.site, sync.count) == (cpu_site, 3)
+    out_of_range = {f.site: f for f in found["int64-range"]}
+    assert out_of_range[add_site].count == 2 and "2147483649" in out_of_range[add_site].details[0]
+    assert out_of_range[strided_site].count == 2 and "1099511627776" in out_of_range[strided_site].details[0]
     signatures = diagnostics.get_op_signatures()
     assert signatures["aten::_to_copy(f32[3])"] == 7 and signatures["aten::add.Tensor(int64[2])"] == 4
 
@@ -305,11 +305,11 @@ def test_host_sync_in_a_loop(collect, capsys):
         x.sum().item(); item_site = here()
         x.cpu(); cpu_site = here()
         print(x); print_site = here()
-    found = {f["site"]: f for f in kinds(collect())["host-sync-in-loop"]}
-    assert found[item_site]["count"] == 3 and found[item_site]["ops"] == {"aten::_local_scalar_dense": 3}
-    assert found[cpu_site]["count"] == 3 and found[cpu_site]["ops"] == {"aten::_to_copy": 3}
-    assert found[print_site]["count"] >= 3 and any("printing" in d for d in found[print_site]["details"])
-    assert found[item_site]["fix"].startswith("move .item() out of the loop")
+    found = {f.site: f for f in kinds(collect())["host-sync-in-loop"]}
+    assert found[item_site].count == 3 and found[item_site].ops == {"aten::_local_scalar_dense": 3}
+    assert found[cpu_site].count == 3 and found[cpu_site].ops == {"aten::_to_copy": 3}
+    assert found[print_site].count >= 3 and any("printing" in d for d in found[print_site].details)
+    assert found[item_site].fix.startswith("move .item() out of the loop")
     capsys.readouterr()
 
 
@@ -319,11 +319,11 @@ def test_device_rng(collect):
     torch.randn(4, device=N); site = here()
     report = collect()
     (found,) = kinds(report)["device-rng"]
-    assert found["site"] == site and found["ops"] == {"aten::normal_": 1}
-    assert "create the tensor on the CPU and move it" in found["fix"]
+    assert found.site == site and found.ops == {"aten::normal_": 1}
+    assert "create the tensor on the CPU and move it" in found.fix
     assert "cpu-fallback" not in kinds(report)  # one finding per line says it: drawn on the CPU
-    (source,) = [s for s in report.sources if s["id"] in found["sources"]]
-    assert source["name"].startswith("TorchNeuron 0.1.0 source") and source["url"].startswith("https://")
+    (source,) = [s for s in report.sources if s.id in found.sources]
+    assert source.name.startswith("TorchNeuron 0.1.0 source") and source.url.startswith("https://")
 
 
 def test_cpu_fallback_op(collect):
@@ -334,9 +334,9 @@ def test_cpu_fallback_op(collect):
     torch.testing.assert_close(values.cpu(), torch.sort(x.cpu()).values)
     report = collect()
     (found,) = kinds(report)["cpu-fallback"]
-    assert found["site"] == site and all(op.startswith("aten::sort") for op in found["ops"])
-    names = [s["name"] for s in report.sources if s["id"] in found["sources"]]
-    assert any(name.startswith("TorchNeuron 0.1.0 source") for name in names) and "topk" in found["fix"]
+    assert found.site == site and all(op.startswith("aten::sort") for op in found.ops)
+    names = [s.name for s in report.sources if s.id in found.sources]
+    assert any(name.startswith("TorchNeuron 0.1.0 source") for name in names) and "topk" in found.fix
 
 
 def test_recompiles_and_graph_breaks(collect, capsys):
@@ -357,10 +357,10 @@ def test_recompiles_and_graph_breaks(collect, capsys):
     torch.compile(breaks, backend=N)(torch.ones(4, device=N))
     found = kinds(collect())
     (recompile,) = found["recompile"]
-    assert list(recompile["ops"]) == ["clean()"] and "size mismatch" in recompile["details"][0]
+    assert list(recompile.ops) == ["clean()"] and "size mismatch" in recompile.details[0]
     (graph_break,) = found["graph-break"]
-    assert list(graph_break["ops"]) == ["breaks()"] and "print" in graph_break["details"][0]
-    assert graph_break["site"] == f"{__file__}:{first_line + 2}"  # the print() line
+    assert list(graph_break.ops) == ["breaks()"] and "print" in graph_break.details[0]
+    assert graph_break.site == f"{__file__}:{first_line + 2}"  # the print() line
     capsys.readouterr()
 
 
@@ -388,7 +388,7 @@ def test_recompiles_after_a_dynamo_reset_are_found(capsys):
         diagnostics.stop()
         torch_neuronx.clear_op_tracking()
     (recompile,) = found["recompile"]
-    assert list(recompile["ops"]) == ["after()"]
+    assert list(recompile.ops) == ["after()"]
 
 
 def test_inductor_on_neuron(collect):
@@ -404,7 +404,7 @@ def test_inductor_on_neuron(collect):
         site = here(1)
         torch.compile(double_sin)(x)  # Inductor, the default backend, on neuron tensors
     (found,) = kinds(collect())["inductor-on-neuron"]
-    assert found["site"] == site and list(found["ops"]) == ['torch.compile(backend="inductor")'] and found["count"] == 1
+    assert found.site == site and list(found.ops) == ['torch.compile(backend="inductor")'] and found.count == 1
     assert 'compile with backend="neuron"' in str(collect())  # the text report names the fix
 
 
@@ -435,10 +435,10 @@ def test_safetensors_device(collect, tmp_path):
     with pytest.raises(Exception, match="is invalid"):
         open_site = here(1)
         safetensors.safe_open(path, framework="pt", device="neuron:0")
-    found = {f["site"]: f for f in kinds(collect())["safetensors-device"]}
+    found = {f.site: f for f in kinds(collect())["safetensors-device"]}
     assert set(found) == {site, open_site}
-    assert list(found[site]["ops"]) == ["safetensors.torch.load_file(device='neuron')"] and found[site]["count"] == 1
-    assert list(found[open_site]["ops"]) == ["safetensors.safe_open(device='neuron:0')"]
+    assert list(found[site].ops) == ["safetensors.torch.load_file(device='neuron')"] and found[site].count == 1
+    assert list(found[open_site].ops) == ["safetensors.safe_open(device='neuron:0')"]
     assert "load to CPU" in str(collect())
 
 
@@ -458,8 +458,8 @@ def test_memory_against_hbm():
         from torch_neuronx import diagnostics
         diagnostics.start()
         x = torch.empty(int(SIZE), dtype=torch.uint8, device="neuron")  # pages are never touched
-        print([f["kind"] + ":" + "; ".join(f["details"]) for f in diagnostics.report().findings
-               if f["kind"] == "memory"])
+        print([f.kind + ":" + "; ".join(f.details) for f in diagnostics.report().findings
+               if f.kind == "memory"])
         """
     # trn1.2xlarge at LNC=1: a core has 16 GiB of HBM, minus the runtime's reservation.
     env = dict(TORCH_NEURONX_INSTANCE_TYPE="trn1.2xlarge", TORCH_NEURONX_DEVICE_MEMORY="40GiB")
@@ -592,7 +592,7 @@ def test_compiled_graphs_are_costed_per_call(collect):
         fn(x)
     report = collect()
     (graph,) = report.compiled_graphs
-    assert graph["calls"] == 2 and graph["ops"] >= 2 and not graph["error"]
+    assert graph.calls == 2 and graph.ops >= 2 and not graph.error
     (phase,) = [p for p in report.phases if p.name == "compiled"]
     assert phase.compiled_graph_calls == 2 and phase.eager_calls == 0
     matmul = [f for f in phase.families if f.family == "matmul"][0]
@@ -611,9 +611,9 @@ def test_a_training_graphs_backward_is_costed_at_each_backward_call(collect):
     with diagnostics.phase("forward only"):
         fn(x)
     report = collect()
-    graphs = {g["name"]: g for g in report.compiled_graphs}
+    graphs = {g.name: g for g in report.compiled_graphs}
     [name] = [n for n in graphs if not n.endswith(".backward")]
-    assert graphs[name]["calls"] == 4 and graphs[f"{name}.backward"]["calls"] == 3
+    assert graphs[name].calls == 4 and graphs[f"{name}.backward"].calls == 3
     matmul_flops = 2 * 32 * 64 * 64  # the forward's x @ w, and the backward's x.T @ grad (x needs none)
     phases = {p.name: p for p in report.phases}
     train, forward_only = phases["train"], phases["forward only"]
@@ -769,8 +769,8 @@ def test_findings_inside_compiled_graphs_point_at_the_user_line(collect):
     torch.compile(wide, backend=N, fullgraph=True)(torch.ones(4, device=N))
     found = kinds(collect())["float64"]
     line = inspect.getsourcelines(wide)[1] + 1
-    assert {f["site"] for f in found} == {f"{__file__}:{line}"}
-    assert all(d.startswith("in a compiled graph") for f in found for d in f["details"])
+    assert {f.site for f in found} == {f"{__file__}:{line}"}
+    assert all(d.startswith("in a compiled graph") for f in found for d in f.details)
 
 
 def test_backward_calls_name_the_backward_node(collect):
@@ -778,8 +778,8 @@ def test_backward_calls_name_the_backward_node(collect):
     torch_neuronx.clear_op_tracking()
     line = sys._getframe().f_lineno + 1
     (w * 2).sum().backward()  # runs on this thread, as on CPU: the node and this line are named
-    rows = {f["site"]: f for f in kinds(collect())["float64"]}
-    assert any(c.startswith("backward (") and "Backward" in c for c in rows[f"{__file__}:{line}"]["context"]), rows
+    rows = {f.site: f for f in kinds(collect())["float64"]}
+    assert any(c.startswith("backward (") and "Backward" in c for c in rows[f"{__file__}:{line}"].context), rows
 
 
 def test_collectives_are_counted_not_estimated():

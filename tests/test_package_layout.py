@@ -260,11 +260,12 @@ def test_every_result_has_one_shape_and_one_writer(tmp_path):
     from torch_neuronx.runtime import outputs
     from torch_neuronx.simulate.numerics import NumericsPlan
     from torch_neuronx.simulate.plan import Plan
+    from torch_neuronx.simulate.rows import Numerics
 
     for cls, stem in ((Report, "report"), (Plan, "plan"), (NumericsPlan, "plan")):
         assert cls.stem == stem and all(callable(getattr(cls, name)) for name in ("to_dict", "text", "html"))
     plan = NumericsPlan(script="/x/train.py", args=[], instance="trn2.3xlarge", lnc=2, nnodes=1, nproc_per_node=2,
-                        world_size=2, numerics={"ok": True, "tolerance": "rtol 1e-05", "outputs": {}})
+                        world_size=2, numerics=Numerics(True, {}, [], "1 x trn2.3xlarge", "rtol 1e-05", 0.0))
     paths = outputs.write(plan, str(tmp_path))
     assert sorted(paths) == ["html", "json", "txt"]
     assert json.loads((tmp_path / "plan.json").read_text()) == plan.to_dict()

@@ -13,6 +13,7 @@ import pytest
 
 import torch_neuronx_pytest
 from torch_neuronx.diagnostics import findings, gate, places, sarif
+from torch_neuronx.diagnostics.rows import FindingRow
 
 from helpers import isolated
 
@@ -173,21 +174,21 @@ def test_the_sarif_of_the_readiness_program_validates_and_names_each_line(tmp_pa
         jsonschema.validate(broken, SCHEMA)  # the schema can fail
 
 
-def _row(kind="layout-change", path="src/train.py", line=3, code="y = x.cuda()", site=None, **extra):
+def _row(kind="layout-change", path="src/train.py", line=3, code="y = x.cuda()", site=None, **extra) -> FindingRow:
     meta = findings.KINDS[kind]
-    row = {"kind": kind, "severity": meta.severity, "meaning": meta.meaning, "fix": meta.fix, "count": 1,
-           "ops": {"aten::_to_copy": 1}, "details": [], "context": [], "path": path, "line": line, "code": code,
-           "site": site or f"/repo/{path}:{line}", "in_repository": path is not None and not path.startswith("/"),
-           "file": None if path is None else f"/repo/{path}"}
-    row.update(extra)
-    row["fingerprint"] = places.fingerprint(kind, path, code, row["site"])
-    return row
+    site = site or f"/repo/{path}:{line}"
+    fields = {"kind": kind, "severity": meta.severity, "meaning": meta.meaning, "fix": meta.fix, "count": 1,
+              "ops": {"aten::_to_copy": 1}, "details": [], "context": [], "path": path, "line": line, "code": code,
+              "site": site, "in_repository": path is not None and not path.startswith("/"),
+              "file": None if path is None else f"/repo/{path}", "sources": [],
+              "fingerprint": places.fingerprint(kind, path, code, site), **extra}
+    return FindingRow(**fields)
 
 
 def test_baselines_match_by_kind_file_and_code_line_as_a_multiset(tmp_path):
     accepted = _row()
     report = tmp_path / "report.json"
-    report.write_text(json.dumps({"findings": [accepted]}))
+    report.write_text(json.dumps({"findings": [accepted.to_dict()]}))
     baseline = gate.Baseline.load(str(report))
     moved = _row(line=30)  # the same code line further down: the same finding
     assert baseline.new([moved]) == []
@@ -196,9 +197,9 @@ def test_baselines_match_by_kind_file_and_code_line_as_a_multiset(tmp_path):
     other_file, other_kind = _row(path="src/eval.py"), _row(kind="float64")
     assert baseline.new([other_file, other_kind]) == [other_file, other_kind]
     device = _row(kind="memory", path=None, line=None, code="", site="neuron:0")
-    assert places.fingerprint("memory", None, "", "neuron:0") == device["fingerprint"] != \
+    assert places.fingerprint("memory", None, "", "neuron:0") == device.fingerprint != \
         places.fingerprint("memory", None, "", "neuron:1")
-    old = {k: v for k, v in accepted.items() if k not in ("fingerprint", "path", "in_repository")}
+    old = {k: v for k, v in accepted.to_dict().items() if k not in ("fingerprint", "path", "in_repository")}
     old["file"] = os.path.join(places.repository_root(), "src", "train.py")  # a report from before fingerprints
     report.write_text(json.dumps({"findings": [old]}))
     assert gate.Baseline.load(str(report)).new([moved]) == []
@@ -211,7 +212,7 @@ def test_verdicts_and_thresholds():
     with pytest.raises(ValueError, match="--fail-on='often' is not a severity: use one of would-fail, "
                                          "computes-differently, runs-slowly, near-limit"):
         gate.threshold("often")
-    assert [r["kind"] for r in gate.at_or_worse(rows, "would-fail")] == ["layout-change"]
+    assert [r.kind for r in gate.at_or_worse(rows, "would-fail")] == ["layout-change"]
     assert len(gate.at_or_worse(rows, "near-limit")) == 2
     verdict = gate.judge(rows, "would-fail")
     assert not verdict.passed and verdict.failing == [rows[0]]
@@ -221,8 +222,7 @@ def test_verdicts_and_thresholds():
 
 
 def test_annotations_escape_what_github_reads_as_syntax():
-    row = _row(path="src/a,b:c.py", code="x = 1")
-    row["details"] = ["50% of it\nand more"]
+    row = _row(path="src/a,b:c.py", code="x = 1", details=["50% of it\nand more"])
     (command,) = sarif.annotations([row])
     assert command.startswith("::error file=src/a%2Cb%3Ac.py,line=3,title=would fail on Trainium%3A layout-change::")
     assert "50%25 of it%0Aand more" in command and "\n" not in command

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
+from types import SimpleNamespace
 
 import pytest
 
@@ -254,19 +255,19 @@ def test_verdict_of_a_program_that_would_fail(collect):
         torch.compile(lambda x: x + 1)(torch.ones(2, device="neuron"))  # Inductor on neuron
     torch._dynamo.reset()
     report = collect()
-    assert report.verdict["status"] == "not ready" and report.verdict["places"]["would-fail"] == 1
+    assert report.verdict.status == "not ready" and report.verdict.places["would-fail"] == 1
     assert str(report).splitlines()[1].startswith("Verdict (not ready): 1 place would fail on Trainium")
-    (row,) = [r for r in report.findings if r["severity"] == "would-fail"]
-    assert row["kind"] == "inductor-on-neuron" and 'backend="neuron"' in row["fix"]
+    (row,) = [r for r in report.findings if r.severity == "would-fail"]
+    assert row.kind == "inductor-on-neuron" and 'backend="neuron"' in row.fix
 
 
 def test_where_names_an_installed_library_file_from_site_packages():
     from torch_neuronx.diagnostics import text
 
     root = next(p for p in sys.path if os.path.basename(p) == "site-packages")
-    installed = {"file": os.path.join(root, "diffusers", "models", "upsampling.py"), "line": 175, "site": ""}
+    installed = SimpleNamespace(file=os.path.join(root, "diffusers", "models", "upsampling.py"), line=175, site="")
     assert text.where(installed) == "diffusers/models/upsampling.py:175"
-    assert text.where({"file": None, "line": None, "site": "neuron:0"}) == "neuron:0"
+    assert text.where(SimpleNamespace(file=None, line=None, site="neuron:0")) == "neuron:0"
 
 
 def test_memory_near_a_cores_hbm_is_near_a_limit():
@@ -276,8 +277,8 @@ def test_memory_near_a_cores_hbm_is_near_a_limit():
         diagnostics.start()
         x = torch.empty(14 * 2**30, dtype=torch.uint8, device="neuron")  # pages are never touched
         report = diagnostics.report()
-        print([(f["kind"], f["severity"], f["site"]) for f in report.findings])
-        print(report.verdict["text"])
+        print([(f.kind, f.severity, f.site) for f in report.findings])
+        print(report.verdict.text)
         """
     # trn1.2xlarge at LNC=1: a core has 16 GiB of HBM, minus the runtime's reservation; 14 GiB is over 80%.
     result = isolated.run(code, TORCH_NEURONX_INSTANCE_TYPE="trn1.2xlarge", TORCH_NEURONX_DEVICE_MEMORY="40GiB")

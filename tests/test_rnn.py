@@ -348,13 +348,13 @@ def test_the_report_says_an_lstm_or_gru_would_fail_and_an_rnn_would_not(collect,
     x = torch.randn(2, 4, device=N, requires_grad=True)
     out = module(x if name.endswith("Cell") else x.unsqueeze(0)); line = inspect.currentframe().f_lineno
     (out[0] if isinstance(out, tuple) else out).sum().backward()
-    found = [f for f in collect().findings if f["kind"] == "no-kernel"]
+    found = [f for f in collect().findings if f.kind == "no-kernel"]
     if name not in _NO_KERNEL:
         assert found == []
         return
     (finding,) = found
-    assert finding["site"] == f"{__file__}:{line}" and finding["severity"] == "would-fail"
-    assert _NO_KERNEL[name] in finding["details"][0]
+    assert finding.site == f"{__file__}:{line}" and finding.severity == "would-fail"
+    assert _NO_KERNEL[name] in finding.details[0]
 
 
 @pytest.mark.parametrize("name", ["LSTM", "GRUCell"])

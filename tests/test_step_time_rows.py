@@ -11,7 +11,9 @@ from torch_neuronx.trainium import time_model
 from torch_neuronx.runtime import hardware
 from torch_neuronx.trainium import calibration
 from torch_neuronx.simulate import costing, fit, plan as plans
+from torch_neuronx.simulate.graph_overlap import GraphOverlap
 from torch_neuronx.simulate.recorder import RankRecord
+from torch_neuronx.simulate.steps import StepCount
 
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs", "simulate")
 
@@ -42,7 +44,7 @@ KNOWN = fit.with_values(time_model.CALIBRATION, [0.7, 0.85, 0.3, 0.45, 60e-6, 0.
 
 def _record(work=None, collective=None, calls=1):
     rec = RankRecord(0)
-    rec.work, rec.launches, rec.steps = {"s": work or {}}, {}, {"s": {"count": 1, "tokens": None, "sequences": None}}
+    rec.work, rec.launches, rec.steps = {"s": work or {}}, {}, {"s": StepCount(1, None, None)}
     rec.grouped = {}
     if collective:
         op, size, nbytes = collective
@@ -73,9 +75,9 @@ def test_a_rows_prediction_in_parts_equals_the_plans_costing():
     the plan's costing (costing.rank_spans), at any constants, with a graph's collective hidden."""
     rec = _record({("bf16", 10 ** 12, 10 ** 9): 3, ("fp32", 0, 10 ** 8): 2}, ("all_reduce", 64, 10 ** 7), calls=5)
     rec.launches = {"s": {"graph": 4, "eager": 1}}
-    rec.graph_overlaps = [{"step": "s", "graph": "g", "collectives": [("reduce_scatter", tuple(range(64)), 10 ** 8)],
-                           "events": [("collective", 0), ("work", {("bf16", 10 ** 12, 10 ** 6): 2}, (), True),
-                                      ("work", {("bf16", 10 ** 11, 10 ** 6): 1}, (0,), False)], "calls": 3}]
+    rec.graph_overlaps = [GraphOverlap("s", "g", [("reduce_scatter", tuple(range(64)), 10 ** 8)],
+                                       [("collective", 0), ("work", {("bf16", 10 ** 12, 10 ** 6): 2}, (), True),
+                                        ("work", {("bf16", 10 ** 11, 10 ** 6): 1}, (0,), False)], 3)]
     sample = fit.Sample("s", dataclasses.replace(calibration.ROWS["70b-trn2-tpot"], step="s"), rec, TRN2)
     for cal in (time_model.CALIBRATION, KNOWN):
         spans, _, _ = costing.rank_spans(rec, TRN2, sample.profile, cal, after_cache={})
@@ -109,9 +111,9 @@ def test_records_extrapolate_from_one_and_two_layers_and_microbatches():
         r = _record({("bf16", 100, 10): 5 + 3 * layers * microbatches + 2 * microbatches},
                     ("all_reduce", 8, 64), calls=1 + 4 * layers * microbatches)
         r.launches = {"s": {"graph": 2 * layers * microbatches, "eager": 7}}
-        r.graph_overlaps = [{"step": "s", "graph": "block", "collectives": [("reduce_scatter", (0, 1), 64)],
-                             "events": [("collective", 0), ("work", {("bf16", 100, 10): 1}, (), True)],
-                             "calls": 2 * layers * microbatches}]
+        r.graph_overlaps = [GraphOverlap("s", "block", [("reduce_scatter", (0, 1), 64)],
+                                         [("collective", 0), ("work", {("bf16", 100, 10): 1}, (), True)],
+                                         2 * layers * microbatches)]
         return r
     parts = {(l, m): rec(l, m) for l in (1, 2) for m in (1, 2)}
     full = fit.extrapolate(parts, calibration.Run((), "", (), "train", 32, 16))

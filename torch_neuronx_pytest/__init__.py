@@ -17,6 +17,7 @@ the findings as data, so the summary works under pytest-xdist too.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import pytest
 
@@ -31,8 +32,30 @@ DEFAULT = "would-fail"
 PROPERTY = "neuron_readiness"  # the user property (and JUnit <property>) of each finding
 REPORT_ATTRIBUTE = "neuron_readiness"  # the findings on a TestReport, as data (xdist sends it on)
 SECTION = "neuron readiness"
-# The parts of a report row a test report carries (strings and numbers: xdist serialises them).
-ROW_KEYS = ("severity", "kind", "path", "line", "code", "site", "fingerprint", "meaning", "fix", "count")
+
+
+class Place(NamedTuple):
+    """The parts of a report row (diagnostics.rows.FindingRow) a test report carries, as a dict of
+    strings and numbers (xdist serialises them): :meth:`of` a row, ``_asdict()`` to carry it, and
+    ``Place(**carried)`` where a report is read."""
+
+    severity: str
+    kind: str
+    path: str | None
+    line: int | None
+    code: str
+    site: str
+    fingerprint: str
+    meaning: str
+    fix: str
+    count: int
+
+    @classmethod
+    def of(cls, row) -> Place:
+        return cls(*(getattr(row, key) for key in cls._fields))
+
+
+ROW_KEYS = Place._fields
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -79,16 +102,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(ReadinessObserver(_severity(value)), "neuron-readiness-observer")
 
 
-def _place(row: dict) -> str:
-    return f"{row['path']}:{row['line']}" if row.get("path") else row["site"]
+def _place(row: Place) -> str:
+    return f"{row.path}:{row.line}" if row.path else row.site
 
 
-def _finding_line(row: dict) -> str:
-    return f"{row['severity']} [{row['kind']}] {_place(row)}  {row.get('code') or ''}".rstrip()
+def _finding_line(row: Place) -> str:
+    return f"{row.severity} [{row.kind}] {_place(row)}  {row.code or ''}".rstrip()
 
 
-def _explained(row: dict) -> str:
-    return f"{_finding_line(row)}\n    {row['meaning']}\n    fix: {row['fix']}"
+def _explained(row: Place) -> str:
+    return f"{_finding_line(row)}\n    {row.meaning}\n    fix: {row.fix}"
 
 
 class ReadinessObserver:
@@ -100,10 +123,10 @@ class ReadinessObserver:
         self.severity = severity
         self.diagnostics = None  # torch_neuronx.diagnostics, imported when the first test starts
         self.since = None  # the mark the running phase's findings are counted from
-        self.seen: dict[str, dict] = {}  # fingerprint -> the row and the tests it was found in
+        self.seen: dict[str, tuple[Place, list[str]]] = {}  # fingerprint -> the row and the tests it was in
         self.failed: list[str] = []  # node ids of the phases failed for their findings
 
-    def _failing(self, rows: list[dict]) -> list[dict]:
+    def _failing(self, rows: list[Place]) -> list[Place]:
         """The rows at or above the severity the run fails on."""
         from torch_neuronx.diagnostics import gate
 
@@ -127,11 +150,11 @@ class ReadinessObserver:
         report = outcome.get_result()
         if self.since is None:
             return
-        rows = [{key: row.get(key) for key in ROW_KEYS} for row in self.diagnostics.findings_since(self.since)]
+        rows = [Place.of(row) for row in self.diagnostics.findings_since(self.since)]
         self._mark()  # the next phase counts from here
         if not rows:
             return
-        setattr(report, REPORT_ATTRIBUTE, rows)
+        setattr(report, REPORT_ATTRIBUTE, [row._asdict() for row in rows])
         properties = [(PROPERTY, _finding_line(row)) for row in rows]
         # On the item too, as record_property does: JUnit XML writes the properties of the last report.
         item.user_properties.extend(properties)
@@ -147,11 +170,11 @@ class ReadinessObserver:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Gathered from every report (under xdist, from the workers'), for the summary."""
-        rows = getattr(report, REPORT_ATTRIBUTE, None) or []
+        rows = [Place(**carried) for carried in getattr(report, REPORT_ATTRIBUTE, None) or []]
         for row in rows:
-            entry = self.seen.setdefault(row["fingerprint"], {"row": row, "tests": []})
-            if report.nodeid not in entry["tests"]:
-                entry["tests"].append(report.nodeid)
+            _, tests = self.seen.setdefault(row.fingerprint, (row, []))
+            if report.nodeid not in tests:
+                tests.append(report.nodeid)
         if report.failed and self._failing(rows):
             self.failed.append(report.nodeid)
 
@@ -163,16 +186,15 @@ class ReadinessObserver:
             write(f"No findings ({gate}): nothing in these tests would fail, compute differently or run "
                   "slowly on Trainium.")
             return
-        tests = {test for entry in self.seen.values() for test in entry["tests"]}
+        tests = {test for _, names in self.seen.values() for test in names}
         write(f"{len(self.seen)} place{'s' if len(self.seen) > 1 else ''} found in {len(tests)} "
               f"test{'s' if len(tests) > 1 else ''} ({gate}; {len(set(self.failed))} failed for it):")
         order = {severity: i for i, severity in enumerate(SEVERITIES)}
-        entries = sorted(self.seen.values(), key=lambda e: (order.get(e["row"]["severity"], 9), _place(e["row"])))
-        width = max(len(e["row"]["severity"]) for e in entries)
-        kind_width = max(len(e["row"]["kind"]) for e in entries)
-        for entry in entries:
-            row, names = entry["row"], entry["tests"]
+        entries = sorted(self.seen.values(), key=lambda e: (order.get(e[0].severity, 9), _place(e[0])))
+        width = max(len(row.severity) for row, _ in entries)
+        kind_width = max(len(row.kind) for row, _ in entries)
+        for row, names in entries:
             more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            write(f"  {row['severity']:<{width}}  {row['kind']:<{kind_width}}  {_place(row)}  "
-                  f"{row.get('code') or ''}".rstrip())
+            write(f"  {row.severity:<{width}}  {row.kind:<{kind_width}}  {_place(row)}  "
+                  f"{row.code or ''}".rstrip())
             write(f"  {'':<{width}}  {'':<{kind_width}}  in {names[0]}{more}")

@@ -72,7 +72,7 @@ if observe:
     import torch_neuronx
 
     report = torch_neuronx.report()
-    rows = " " + ";".join(f"{r['line']}:{','.join(r['ops'])}" for r in report.findings if r["kind"] == "int64-range")
+    rows = " " + ";".join(f"{r.line}:{','.join(r.ops)}" for r in report.findings if r.kind == "int64-range")
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as out:
     out.write(f"{rank} {checks}{rows}")
 dist.destroy_process_group()

@@ -18,6 +18,7 @@ from torch_neuronx.diagnostics.observer import phase, record_error, start, stop
 from torch_neuronx.diagnostics.op_tracking import (clear_op_tracking, get_executed_ops, get_fallback_ops,
                                                  get_op_counts)
 from torch_neuronx.diagnostics.report import Mark, Report, findings_since, mark
+from torch_neuronx.diagnostics.rows import FindingRow
 from torch_neuronx.runtime import env_flag
 
 REPORT_ENV = "TORCH_NEURONX_REPORT"
@@ -44,7 +45,7 @@ DEFAULT_FORMATS = ("txt", "json", "html")
 
 
 def write(result: Report, directory: str, formats=DEFAULT_FORMATS, exit_status: int | None = None,
-          new_findings: list[dict] | None = None) -> dict[str, str]:
+          new_findings: list[FindingRow] | None = None) -> dict[str, str]:
     """Write ``result`` into ``directory`` as report.<format> for each of ``formats`` (txt, json, html,
     sarif); returns the paths by format. The SARIF log records ``exit_status`` (the run's) and, given
     ``new_findings`` (those a baseline does not hold), which findings are new."""

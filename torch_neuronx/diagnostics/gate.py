@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from torch_neuronx.diagnostics import places
 from torch_neuronx.diagnostics.findings import SEVERITIES
+from torch_neuronx.diagnostics.rows import FindingRow
+from torch_neuronx.runtime.rows import Row
 
 FAIL_ON_ENV = "TORCH_NEURONX_REPORT_FAIL_ON"
 EXIT_FINDINGS = 3  # the exit status when the gate fails (the script's own failure keeps its status)
@@ -37,19 +39,30 @@ def threshold_from_env() -> str | None:
     return threshold(os.environ.get(FAIL_ON_ENV), FAIL_ON_ENV)
 
 
-def at_or_worse(rows: list[dict], severity: str) -> list[dict]:
-    """The findings rows of ``severity`` or a worse one."""
+def at_or_worse(rows: list[FindingRow], severity: str) -> list[FindingRow]:
+    """The findings rows (or any rows with a ``severity``) of ``severity`` or a worse one."""
     limit = ORDER.index(severity)
-    return [row for row in rows if row["severity"] in SEVERITIES and ORDER.index(row["severity"]) <= limit]
+    return [row for row in rows if row.severity in SEVERITIES and ORDER.index(row.severity) <= limit]
 
 
-def _row_fingerprint(row: dict) -> str:
-    """A report row's fingerprint; reports written before fingerprints existed get one made here."""
-    if row.get("fingerprint"):
-        return row["fingerprint"]
-    path = row.get("path") or (places.relative_path(row["file"], places.repository_root()) if row.get("file")
-                               else None)
-    return places.fingerprint(row["kind"], path, row.get("code", ""), row.get("site", ""))
+@dataclass(frozen=True)
+class WrittenFinding(Row):
+    """What a baseline reads of a findings row of a written report.json: reports written before
+    fingerprints existed lack the later keys, and get their fingerprint made here."""
+
+    kind: str
+    site: str = ""
+    file: str | None = None
+    code: str = ""
+    path: str | None = None
+    fingerprint: str = ""
+
+    def key(self) -> str:
+        """Its fingerprint, as the rows of this version's reports carry it."""
+        if self.fingerprint:
+            return self.fingerprint
+        path = self.path or (places.relative_path(self.file, places.repository_root()) if self.file else None)
+        return places.fingerprint(self.kind, path, self.code, self.site)
 
 
 class BaselineError(ValueError):
@@ -80,7 +93,7 @@ class Baseline:
                         baseline.accepted[result["partialFingerprints"][SARIF_FINGERPRINT]] += 1
             elif isinstance(data, dict) and isinstance(data.get("findings"), list):
                 for row in data["findings"]:
-                    baseline.accepted[_row_fingerprint(row)] += 1
+                    baseline.accepted[WrittenFinding.from_dict(row).key()] += 1
             else:
                 raise KeyError("findings")
         except (KeyError, TypeError, AttributeError) as error:
@@ -88,13 +101,13 @@ class Baseline:
                                 f"{fix}") from None
         return baseline
 
-    def new(self, rows: list[dict]) -> list[dict]:
+    def new(self, rows: list[FindingRow]) -> list[FindingRow]:
         """The rows the baseline does not hold: each baseline entry accepts one finding, so a second
         copy of an accepted line is new."""
         left = Counter(self.accepted)
         fresh = []
         for row in rows:
-            key = _row_fingerprint(row)
+            key = row.fingerprint
             if left[key] > 0:
                 left[key] -= 1
             else:
@@ -114,7 +127,7 @@ FAILS_ON = {
 @dataclass
 class Verdict:
     severity: str
-    failing: list[dict]  # rows that fail the gate
+    failing: list[FindingRow]  # rows that fail the gate
     accepted: int  # rows at or above the severity that the baseline holds
     baseline: str | None
 
@@ -128,19 +141,19 @@ class Verdict:
         accepted = f"; {self.accepted} accepted by the baseline {self.baseline}" if self.baseline else ""
         if self.passed:
             return f"Readiness gate (fail on {self.severity}): passed, nothing new that {what}{accepted}."
-        places_ = len({row["site"] for row in self.failing})
+        places_ = len({row.site for row in self.failing})
         lines = [f"Readiness gate (fail on {self.severity}): FAILED, exit status {EXIT_FINDINGS}: "
                  f"{places_} {'place' if places_ == 1 else 'places'} {what}"
                  + (" (new since the baseline)" if self.baseline else "") + accepted + "."]
         for row in self.failing:
-            where = f"{row['path']}:{row['line']}" if row.get("path") else row["site"]
-            lines.append(f"  {where}  [{row['kind']}]  {row.get('code', '')}".rstrip())
+            where = f"{row.path}:{row.line}" if row.path else row.site
+            lines.append(f"  {where}  [{row.kind}]  {row.code}".rstrip())
         if not self.baseline:
             lines.append("  To accept these and fail only on new ones: --baseline with this run's report.json.")
         return "\n".join(lines)
 
 
-def judge(rows: list[dict], severity: str, baseline: Baseline | None = None) -> Verdict:
+def judge(rows: list[FindingRow], severity: str, baseline: Baseline | None = None) -> Verdict:
     """Whether the findings ``rows`` (a report's) pass a gate at ``severity``."""
     serious = at_or_worse(rows, severity)
     failing = baseline.new(serious) if baseline is not None else serious

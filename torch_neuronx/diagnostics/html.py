@@ -63,16 +63,16 @@ def _verdict(report) -> str:
               "computes-differently": ("computes differently", "compute differently"),
               "runs-slowly": ("runs slowly", "run slowly"), "near-limit": ("is near a limit", "are near a limit")}
     counts = "".join(f"<li><b>{n}</b>{'place' if n == 1 else 'places'} {escape(labels[severity][n != 1])}</li>"
-                     for severity, n in v["places"].items() if severity != "near-limit" or n)
+                     for severity, n in v.places.items() if severity != "near-limit" or n)
     if report.collected:
         counts += (f"<li><b>{len(report.neffs)}</b>NEFFs to compile</li>"
                    f"<li><b>{escape(seconds_range(report.first_run_seconds))}</b>first run on "
-                   f"{escape(report.profile['chip'])}</li>"
+                   f"{escape(report.profile.chip)}</li>"
                    f"<li><b>{escape(format_seconds(report.steady_state_seconds))}</b>each run after ("
                    f"{escape(seconds_range(report.steady_state_interval_seconds))}: the model's held-out error)</li>")
-    status = v["status"].replace(" ", "-")
-    return (f"<section id=\"verdict\" class=\"st-{status}\"><p class=\"status\">{escape(v['status'])}</p>"
-            f"<p class=\"line\">{escape(v['text'])}</p><ul>{counts}</ul></section>")
+    status = v.status.replace(" ", "-")
+    return (f"<section id=\"verdict\" class=\"st-{status}\"><p class=\"status\">{escape(v.status)}</p>"
+            f"<p class=\"line\">{escape(v.text)}</p><ul>{counts}</ul></section>")
 
 
 def _findings(report) -> str:
@@ -88,18 +88,18 @@ def _findings(report) -> str:
         parts.append("<table class=\"findings\"><thead><tr><th>where</th><th>kind</th><th>what it means on Trainium"
                      "</th><th>seen here</th><th>fix</th></tr></thead><tbody>")
         for r in rows:
-            code = f"<pre>{escape(r['code'])}</pre>" if r["code"] else ""
-            notes = "".join(f" <a href=\"#source-{n}\">[{n}]</a>" for n in r["sources"])
+            code = f"<pre>{escape(r.code)}</pre>" if r.code else ""
+            notes = "".join(f" <a href=\"#source-{n}\">[{n}]</a>" for n in r.sources)
             folder, _, name = text.where(r).rpartition("/")
             folder = f"<span class=\"dir\">{escape(folder)}/</span>" if folder else ""
             parts.append(f"<tr><td class=\"where\">{folder}<span class=\"loc\">{escape(name)}</span>{code}</td>"
-                         f"<td class=\"kind\">{escape(r['kind'])}</td><td>{escape(r['meaning'])}.{notes}</td>"
-                         f"<td>{escape(text.ops_seen(r))}</td><td class=\"fix\">{escape(r['fix'])}.</td></tr>")
+                         f"<td class=\"kind\">{escape(r.kind)}</td><td>{escape(r.meaning)}.{notes}</td>"
+                         f"<td>{escape(text.ops_seen(r))}</td><td class=\"fix\">{escape(r.fix)}.</td></tr>")
         parts.append("</tbody></table>")
     if report.sources:
         parts.append("<h3>Sources</h3><ol class=\"sources\">" + "".join(
-            f"<li id=\"source-{s['id']}\" value=\"{s['id']}\">{escape(s['name'])}. "
-            f"<a href=\"{escape(s['url'])}\">{escape(s['url'])}</a></li>" for s in report.sources) + "</ol>")
+            f"<li id=\"source-{s.id}\" value=\"{s.id}\">{escape(s.name)}. "
+            f"<a href=\"{escape(s.url)}\">{escape(s.url)}</a></li>" for s in report.sources) + "</ol>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -154,8 +154,8 @@ def _estimate(report) -> str:
                p.launches, format_seconds(p.steady_state_ms / 1e3)] for p in report.phases]
     shown = report.signatures[:text.TOP_SIGNATURES * 4]
     return "".join([
-        f"<section id=\"estimate\"><h2>ESTIMATED time on {escape(report.profile['chip'])} at LNC="
-        f"{report.profile['lnc']}: {escape(estimate(report.estimated_ms))}</h2>",
+        f"<section id=\"estimate\"><h2>ESTIMATED time on {escape(report.profile.chip)} at LNC="
+        f"{report.profile.lnc}: {escape(estimate(report.estimated_ms))}</h2>",
         "<p class=\"note\">Times here are <strong>estimates</strong> from a roofline model of one logical NeuronCore "
         "with calibrated peaks (see the assumptions), not measurements: every op ran on this host's CPU.</p>",
         "<h3>By phase and op family</h3>", phase_family_chart(report.phases, report.families),
@@ -177,20 +177,20 @@ def _what_ran(report) -> str:
              f"on Trainium, {len(report.fallback_ops)} of them would run on the CPU"
              f"{escape(f' ({fallback})') if fallback else ''}.</p>"]
     if report.collected:
-        eager = [n for n in report.neffs if n["kind"] == "eager"]
+        eager = [n for n in report.neffs if n.kind == "eager"]
         parts.append(f"<p>{len(report.neffs)} NEFFs for a first run to compile: {len(eager)} for eager ops (TorchNeuron's "
                      f"kernel key: op, shapes, dtypes; aten::mm by row tile) and {len(report.neffs) - len(eager)} for "
                      f"compiled graphs; {report.host_syncs} host&lt;-&gt;device transfers and .item() calls.</p>")
         parts.append("<h3>The NEFF forecast</h3>" + _table(
             ["NEFF", "kind", "inputs", "calls", "launches"],
-            [[n["name"], n["kind"], ", ".join(n["inputs"]), n["calls"], n["launches"]] for n in report.neffs],
+            [[n.name, n.kind, ", ".join(n.inputs), n.calls, n.launches] for n in report.neffs],
             numeric={3, 4}))
     if report.compiled_graphs:
         parts.append("<h3>Compiled graphs lowered to StableHLO</h3>" + _table(
             ["graph", "calls", "lowering", "StableHLO ops", "lowering time"],
-            [[g["name"], g["calls"], ", ".join(f"{k} {v}" for k, v in (g.get("parts") or {}).items())
-              or g.get("lowering", ""), sum((g.get("stablehlo_ops") or {}).values()),
-              format_seconds(g.get("lowering_s", 0.0))] for g in report.compiled_graphs], numeric={1, 3, 4}))
+            [[g.name, g.calls, ", ".join(f"{k} {v}" for k, v in g.parts.items()) or g.lowering,
+              sum(g.stablehlo_ops.values()), format_seconds(g.lowering_s)] for g in report.compiled_graphs],
+            numeric={1, 3, 4}))
     parts.append("</section>")
     return "".join(parts)
 
@@ -253,7 +253,7 @@ def render(report) -> str:
         "<title>Trainium readiness report</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>Trainium readiness report</h1>",
         f"<p class=\"sub\">torch-neuronx-cpu: every op ran on this host's CPU ({escape(report.process)}). Profile: "
-        f"{escape(report.profile['name'])}.</p>",
+        f"{escape(report.profile.name)}.</p>",
         _verdict(report), _findings(report),
         _estimate(report) if report.collected else "",
         _what_ran(report), _memory(report),

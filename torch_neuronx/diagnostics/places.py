@@ -11,8 +11,10 @@ import hashlib
 import linecache
 import os
 import sys
+from dataclasses import dataclass, field
 
 from torch_neuronx.diagnostics.findings import KINDS, SEVERITIES, Finding, lowering_fix
+from torch_neuronx.diagnostics.rows import FindingRow, SourceRow
 from torch_neuronx.python_ops import host_ops, op_classes
 
 CODE_LIMIT = 160  # characters of a source line shown
@@ -121,48 +123,76 @@ def _sources(kind: str, ops: dict[str, int]) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def rows(found: list[Finding]) -> tuple[list[dict], list[dict]]:
-    """(one row per line and kind, sorted worst first; the footnotes the rows cite)."""
-    merged: dict[tuple, dict] = {}
+@dataclass
+class _Place:
+    """The findings of one line (or site) and kind, as they merge."""
+
+    kind: str
+    site: str
+    file: str | None
+    line: int | None
+    context: list[str] = field(default_factory=list)
+    ops: dict[str, int] = field(default_factory=dict)
+    count: int = 0
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def severity(self) -> str:
+        return KINDS[self.kind].severity if self.kind in KINDS else "runs-slowly"
+
+    def add(self, finding: Finding, context: str) -> None:
+        self.ops[finding.op] = self.ops.get(finding.op, 0) + finding.count
+        self.count += finding.count
+        if finding.detail and finding.detail not in self.details:
+            self.details.append(finding.detail)
+        if context and context not in self.context:
+            self.context.append(context)
+
+
+def _merged(found: list[Finding]) -> list[_Place]:
+    """The findings merged by line and kind (by site where there is no line), worst first."""
+    merged: dict[tuple, _Place] = {}
     for f in found:
         filename, line, context = split_site(f.site)
         key = (f.kind, filename, line) if filename else (f.kind, f.site)
-        row = merged.get(key)
-        if row is None:
-            kind = KINDS.get(f.kind)
-            row = merged[key] = {
-                "severity": kind.severity if kind else "runs-slowly", "kind": f.kind,
-                "site": f"{filename}:{line}" if filename else f.site, "file": filename, "line": line,
-                "code": source_line(filename, line), "context": [], "ops": {}, "count": 0, "details": [],
-                "meaning": kind.meaning if kind else "", "fix": "", "sources": []}
-        row["ops"][f.op] = row["ops"].get(f.op, 0) + f.count
-        row["count"] += f.count
-        if f.detail and f.detail not in row["details"]:
-            row["details"].append(f.detail)
-        if context and context not in row["context"]:
-            row["context"].append(context)
+        if key not in merged:
+            merged[key] = _Place(f.kind, f"{filename}:{line}" if filename else f.site, filename, line)
+        merged[key].add(f, context)
     severity_order, kind_order = list(SEVERITIES), list(KINDS)
-    ordered = sorted(merged.values(), key=lambda r: (
-        severity_order.index(r["severity"]), r["file"] is None, r["file"] or r["site"], r["line"] or 0,
-        kind_order.index(r["kind"]) if r["kind"] in kind_order else len(kind_order)))
+    return sorted(merged.values(), key=lambda p: (
+        severity_order.index(p.severity), p.file is None, p.file or p.site, p.line or 0,
+        kind_order.index(p.kind) if p.kind in kind_order else len(kind_order)))
+
+
+def _row(place: _Place, footnotes: dict[str, int], root: str) -> FindingRow:
+    """A merged place as the report's row; the sources it cites numbered in ``footnotes``."""
+    kind = KINDS.get(place.kind)
+    code = source_line(place.file, place.line)
+    path = relative_path(place.file, root) if place.file else None
+    return FindingRow(
+        severity=place.severity, kind=place.kind, site=place.site, file=place.file, line=place.line, code=code,
+        context=place.context, ops=place.ops, count=place.count, details=place.details,
+        meaning=kind.meaning if kind else "", fix=_fix(place.kind, place.ops, place.details),
+        sources=[footnotes.setdefault(key, len(footnotes) + 1) for key in _sources(place.kind, place.ops)],
+        path=path,
+        # Whether the file is the project's own (what code scanning can show in the repository).
+        in_repository=bool(path) and not os.path.isabs(path) and library_path(place.file) is None,
+        fingerprint=fingerprint(place.kind, path, code, place.site))
+
+
+def rows(found: list[Finding]) -> tuple[list[FindingRow], list[SourceRow]]:
+    """(one row per line and kind, sorted worst first; the footnotes the rows cite)."""
     footnotes: dict[str, int] = {}
     root = repository_root()
-    for row in ordered:
-        row["fix"] = _fix(row["kind"], row["ops"], row["details"])
-        row["sources"] = [footnotes.setdefault(key, len(footnotes) + 1) for key in _sources(row["kind"], row["ops"])]
-        row["path"] = relative_path(row["file"], root) if row["file"] else None
-        # Whether the file is the project's own (what code scanning can show in the repository).
-        row["in_repository"] = bool(row["path"]) and not os.path.isabs(row["path"]) \
-            and library_path(row["file"]) is None
-        row["fingerprint"] = fingerprint(row["kind"], row["path"], row["code"], row["site"])
-    notes = [{"id": number, "name": host_ops.SOURCES[key].name, "url": host_ops.SOURCES[key].url}
+    ordered = [_row(place, footnotes, root) for place in _merged(found)]
+    notes = [SourceRow(number, host_ops.SOURCES[key].name, host_ops.SOURCES[key].url)
              for key, number in footnotes.items()]
     return ordered, notes
 
 
-def places_by_severity(found_rows: list[dict]) -> dict[str, int]:
+def places_by_severity(found_rows: list[FindingRow]) -> dict[str, int]:
     """How many places (source lines, or devices) have a finding of each severity."""
     seen: dict[str, set] = {severity: set() for severity in SEVERITIES}
     for row in found_rows:
-        seen.setdefault(row["severity"], set()).add(row["site"])
+        seen.setdefault(row.severity, set()).add(row.site)
     return {severity: len(sites) for severity, sites in seen.items()}

@@ -5,7 +5,6 @@ goes away).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections import Counter
@@ -15,11 +14,14 @@ from typing import ClassVar
 import torch
 
 from torch_neuronx.diagnostics import findings, observer, op_tracking, places
+from torch_neuronx.diagnostics.rows import (CompiledGraphRow, FamilyRow, FindingRow, MemoryRow, PhaseRow, SignatureRow,
+                                            SourceRow, Verdict)
 from torch_neuronx.trainium import cost_model, neff_forecast, time_model
 from torch_neuronx.trainium.cost_model import TensorMeta
 from torch_neuronx.python_ops import op_classes
 from torch_neuronx.python_ops.op_classes import HOST_TRANSFER, NOT_ESTIMATED
 from torch_neuronx.runtime import BACKEND_NAME, format_bytes, hardware
+from torch_neuronx.runtime.rows import Row, rows_of
 from torch_neuronx.runtime.units import format_seconds, seconds_estimate, seconds_range
 
 # 3: a warm run's one estimate with its interval (the time model's out-of-sample error);
@@ -29,56 +31,16 @@ TIMELINE_POINTS = 400
 
 
 @dataclass
-class SignatureRow:
-    op: str
-    inputs: list[str]
-    family: str
-    calls: int
-    flops: int
-    bytes: int
-    estimated_us: float  # per call
-
-
-@dataclass
-class FamilyRow:
-    family: str
-    calls: int
-    flops: int
-    bytes: int
-    estimated_ms: float
-    bound: str
-
-
-@dataclass
-class PhaseRow:
-    name: str
-    wall_s: float
-    eager_calls: int
-    compiled_graph_calls: int
-    estimated_ms: float  # the roofline time
-    launches: int  # NEFF launches (eager op launches and compiled graph calls)
-    steady_state_ms: float  # the roofline time plus the launches
-    families: list[FamilyRow]
-
-
-@dataclass
-class MemoryRow:
-    device: str
-    peak_bytes: int
-    emulated_capacity_bytes: int
-
-
-@dataclass
-class Report:
+class Report(Row):
     """What the JSON holds, in the order the text and HTML show it."""
 
     schema_version: int
-    verdict: dict  # status, places per severity, estimated_ms, text (the report's first line)
+    verdict: Verdict | None  # the report's first line and its counts (None until the findings are in)
     process: str  # "pid N", with the rank under torch.distributed
-    profile: dict
+    profile: cost_model.TrainiumProfile
     collected: bool
-    findings: list[dict]  # one row per source line and kind, worst first (see places.rows)
-    sources: list[dict]  # the footnotes findings cite by id: name and url
+    findings: list[FindingRow]  # one row per source line and kind, worst first (see places.rows)
+    sources: list[SourceRow]  # the footnotes findings cite by id: name and url
     estimated_ms: float  # the roofline time of the run's calls
     steady_state_seconds: float  # a warm run on Trainium: roofline + launches, the estimate
     steady_state_interval_seconds: tuple[float, float]  # where the time model's held-out error puts it
@@ -86,8 +48,8 @@ class Report:
     phases: list[PhaseRow]
     families: list[FamilyRow]
     signatures: list[SignatureRow]
-    compiled_graphs: list[dict]
-    neffs: list[dict]  # the NEFF forecast: what a first run compiles (neff_forecast.Neff), most launched first
+    compiled_graphs: list[CompiledGraphRow]
+    neffs: list[neff_forecast.Neff]  # the NEFF forecast: what a first run compiles, most launched first
     host_syncs: int  # host<->device copies and .item() calls
     executed_ops: dict[str, int]
     fallback_ops: dict[str, int]
@@ -97,6 +59,13 @@ class Report:
     assumptions: list[str] = field(default_factory=list)
 
     stem: ClassVar[str] = "report"  # its files: report.txt, report.json, ... (runtime.outputs.write)
+    nested = {"verdict": Verdict.from_dict, "profile": lambda d: cost_model.TrainiumProfile(**d),
+              "findings": rows_of(FindingRow), "sources": rows_of(SourceRow),
+              "steady_state_interval_seconds": tuple, "first_run_seconds": tuple, "phases": rows_of(PhaseRow),
+              "families": rows_of(FamilyRow), "signatures": rows_of(SignatureRow),
+              "compiled_graphs": rows_of(CompiledGraphRow),
+              "neffs": lambda items: [neff_forecast.Neff(**n) for n in items], "memory": rows_of(MemoryRow),
+              "memory_timeline": lambda points: [tuple(p) for p in points]}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -198,7 +167,7 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def verdict(report: Report) -> dict:
+def verdict(report: Report) -> Verdict:
     """The report's first line: how many places would fail, compute differently or run slowly on
     Trainium, and the estimated time."""
     counts = places.places_by_severity(report.findings)
@@ -211,7 +180,7 @@ def verdict(report: Report) -> dict:
     profile = report.profile
     neffs = len(report.neffs)
     if report.collected:
-        estimate = (f"estimated on {profile['chip']} at LNC={profile['lnc']}: a first run of "
+        estimate = (f"estimated on {profile.chip} at LNC={profile.lnc}: a first run of "
                     f"{seconds_range(report.first_run_seconds)} ({_plural(neffs, 'NEFF', 'NEFFs')} to compile), then "
                     f"{seconds_estimate(report.steady_state_seconds, report.steady_state_interval_seconds)} per run "
                     f"({_plural(_launches(report), 'launch', 'launches')}"
@@ -219,15 +188,13 @@ def verdict(report: Report) -> dict:
     else:
         status = "not checked"
         estimate = "calls were not observed, so there is no estimate and only memory was checked"
-    return {"status": status, "places": counts, "estimated_ms": report.estimated_ms, "neffs": neffs,
-            "first_run_seconds": list(report.first_run_seconds),
-            "steady_state_seconds": report.steady_state_seconds,
-            "steady_state_interval_seconds": list(report.steady_state_interval_seconds),
-            "text": f"Verdict ({status}): {where}; {estimate}."}
+    return Verdict(status, counts, report.estimated_ms, neffs, list(report.first_run_seconds),
+                   report.steady_state_seconds, list(report.steady_state_interval_seconds),
+                   f"Verdict ({status}): {where}; {estimate}.")
 
 
 def _launches(report: Report) -> int:
-    return sum(n["launches"] for n in report.neffs)
+    return sum(n.launches for n in report.neffs)
 
 
 def _from_first_allocation(timeline: list[tuple[float, int]]) -> list[tuple[float, int]]:
@@ -290,7 +257,7 @@ def mark() -> Mark:
     return Mark(collector.detector.counts(), collector.earlier_compilations + get_compilation_metrics())
 
 
-def findings_since(since: Mark) -> list[dict]:
+def findings_since(since: Mark) -> list[FindingRow]:
     """The report's findings rows of what was found after ``since`` (memory aside: a peak belongs to
     the whole process)."""
     collector = observer.active()
@@ -304,7 +271,7 @@ def _counted(profile: cost_model.TrainiumProfile, collected: bool) -> Report:
     """The parts of the report that need no observation: op counts, memory peaks, assumptions."""
     executed = op_tracking.get_op_counts()
     timeline_device = f"{BACKEND_NAME}:{torch.neuron.current_device()}" if torch.neuron.is_initialized() else ""
-    return Report(schema_version=SCHEMA_VERSION, verdict={}, process=_process(), profile=profile.as_dict(),
+    return Report(schema_version=SCHEMA_VERSION, verdict=None, process=_process(), profile=profile,
                   collected=collected, findings=[], sources=[], estimated_ms=0.0, steady_state_seconds=0.0,
                   steady_state_interval_seconds=(0.0, 0.0),
                   first_run_seconds=(0.0, 0.0), phases=[], families=[], signatures=[], compiled_graphs=[], neffs=[],
@@ -372,15 +339,14 @@ def _add_estimate(report: Report, profile: cost_model.TrainiumProfile, phases: l
     neffs = neff_forecast.forecast({(signatures[k].op, signatures[k].inputs): n for k, n in totals.items()},
                                    [(name, graph_kind(g), graph_calls_total.get(name, 0))
                                     for name, g in graphs.items()])
-    report.neffs = [dataclasses.asdict(n) for n in neffs]
+    report.neffs = neffs
     report.steady_state_seconds = report.estimated_ms / 1e3 + time_model.launches_seconds(
         *neff_forecast.launch_counts(neffs))
     report.steady_state_interval_seconds = time_model.CALIBRATION.interval(report.steady_state_seconds)
     report.first_run_seconds = neff_forecast.first_run_seconds(report.steady_state_seconds, neffs)
     report.host_syncs = sum(calls for k, calls in totals.items() if costs[k][0] == HOST_TRANSFER)
     report.compiled_graphs = [
-        {"name": name, "ops": len(g.ops), "calls": graph_calls_total.get(name, 0),
-         "estimated_ms_per_call": sum(c.seconds for _, c in graph_costs[name]) * 1e3, "error": g.error,
-         "lowering": g.lowering, "parts": dict(g.parts), "lowering_s": g.lowering_s,
-         "stablehlo_ops": dict(sorted(g.stablehlo_ops.items()))}
+        CompiledGraphRow(name, len(g.ops), graph_calls_total.get(name, 0),
+                         sum(c.seconds for _, c in graph_costs[name]) * 1e3, g.error, g.lowering, dict(g.parts),
+                         g.lowering_s, dict(sorted(g.stablehlo_ops.items())))
         for name, g in graphs.items()]

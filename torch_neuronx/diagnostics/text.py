@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from torch_neuronx.diagnostics import findings, places
+from torch_neuronx.diagnostics.rows import CompiledGraphRow, FindingRow
 from torch_neuronx.python_ops.op_classes import NOT_ESTIMATED
 from torch_neuronx.runtime import format_bytes
 from torch_neuronx.runtime.units import format_seconds, seconds_estimate
@@ -25,34 +26,34 @@ def estimate(ms: float, estimated: bool = True) -> str:
     return format_seconds(ms / 1e3) if estimated else "-"
 
 
-def where(row: dict) -> str:
+def where(row: FindingRow) -> str:
     """A finding's place, file:line: relative to the working directory when the file is inside it, to
     site-packages for an installed library's file (diffusers/models/upsampling.py), else in full."""
-    if row["file"] is None:
-        return row["site"]
-    return f"{places.relative_path(row['file'], os.getcwd())}:{row['line']}"
+    if row.file is None:
+        return row.site
+    return f"{places.relative_path(row.file, os.getcwd())}:{row.line}"
 
 
-def ops_seen(row: dict) -> str:
+def ops_seen(row: FindingRow) -> str:
     """'_to_copy x1, mul x1, sum x1 (float64 tensors)', with where the calls ran when it is not plain code."""
-    text = ", ".join(f"{places.short_op(op)} x{n}" for op, n in row["ops"].items() if op != "-")
-    details = "; ".join(row["details"])
+    text = ", ".join(f"{places.short_op(op)} x{n}" for op, n in row.ops.items() if op != "-")
+    details = "; ".join(row.details)
     if details:
         text = f"{text} ({details})" if text else details
-    if row["context"]:
-        text += f", in {' and '.join(row['context'])}"
+    if row.context:
+        text += f", in {' and '.join(row.context)}"
     return text
 
 
-def heading(severity: str, rows: list[dict]) -> str:
-    n = len({r["site"] for r in rows})
+def heading(severity: str, rows: list[FindingRow]) -> str:
+    n = len({r.site for r in rows})
     return f"{findings.SEVERITIES[severity][0].upper()}{findings.SEVERITIES[severity][1:]} " \
            f"({n} place{'s' if n != 1 else ''})"
 
 
-def by_severity(rows: list[dict]) -> list[tuple[str, list[dict]]]:
-    return [(severity, [r for r in rows if r["severity"] == severity]) for severity in findings.SEVERITIES
-            if any(r["severity"] == severity for r in rows)]
+def by_severity(rows: list[FindingRow]) -> list[tuple[str, list[FindingRow]]]:
+    return [(severity, [r for r in rows if r.severity == severity]) for severity in findings.SEVERITIES
+            if any(r.severity == severity for r in rows)]
 
 
 def _findings(report) -> list[str]:
@@ -63,14 +64,14 @@ def _findings(report) -> list[str]:
     for severity, rows in by_severity(report.findings):
         lines += ["", heading(severity, rows)]
         for r in rows:
-            notes = "".join(f" [{n}]" for n in r["sources"])
-            lines.append(f"  {where(r):<{width}}  [{r['kind']}]  {r['code']}".rstrip())
-            lines.append(f"      Means: {r['meaning']}.{notes}")
+            notes = "".join(f" [{n}]" for n in r.sources)
+            lines.append(f"  {where(r):<{width}}  [{r.kind}]  {r.code}".rstrip())
+            lines.append(f"      Means: {r.meaning}.{notes}")
             lines.append(f"      Seen:  {ops_seen(r)}")
-            lines.append(f"      Fix:   {r['fix']}.")
+            lines.append(f"      Fix:   {r.fix}.")
     if report.sources:
         lines += ["", "Sources:"]
-        lines += [f"  [{s['id']}] {s['name']}: {s['url']}" for s in report.sources]
+        lines += [f"  [{s.id}] {s.name}: {s.url}" for s in report.sources]
     return lines
 
 
@@ -83,7 +84,7 @@ def _families(rows, indent: str = "  ") -> list[str]:
 
 
 def _estimate(report) -> list[str]:
-    lines = [f"ESTIMATED time on {report.profile['chip']} at LNC={report.profile['lnc']} (a roofline model with "
+    lines = [f"ESTIMATED time on {report.profile.chip} at LNC={report.profile.lnc} (a roofline model with "
              f"calibrated peaks, python -m torch_neuronx.simulate's; not a measurement): "
              f"{estimate(report.estimated_ms)}; a warm run with its launches "
              f"{seconds_estimate(report.steady_state_seconds, report.steady_state_interval_seconds)} (the interval: "
@@ -111,7 +112,7 @@ def _what_ran(report) -> list[str]:
              f"{len(report.fallback_ops)} of them would run on the CPU"
              + (f" ({', '.join(report.fallback_ops)})" if report.fallback_ops else "")]
     if report.collected:
-        eager = sum(1 for n in report.neffs if n["kind"] == "eager")
+        eager = sum(1 for n in report.neffs if n.kind == "eager")
         lines.append(f"  NEFFs a first run compiles: {len(report.neffs)}: {eager} for eager ops (TorchNeuron's kernel "
                      f"key: op, shapes, dtypes; aten::mm by row tile), {len(report.neffs) - eager} for compiled graphs "
                      "(the list: report.json and report.html)")
@@ -121,22 +122,22 @@ def _what_ran(report) -> list[str]:
     return lines
 
 
-def _lowering_lines(graphs: list[dict]) -> list[str]:
+def _lowering_lines(graphs: list[CompiledGraphRow]) -> list[str]:
     """Each compiled graph lowered to StableHLO as TorchNeuron lowers it: its ops by kind, and the time."""
     if not graphs:
         return []
-    total = sum(g.get("lowering_s", 0.0) for g in graphs)
+    total = sum(g.lowering_s for g in graphs)
     lines = [f"  StableHLO lowering (TorchNeuron's front end, torch-mlir): {format_seconds(total)} for "
              f"{len(graphs)} graph(s)"]
     for g in graphs:
-        kinds = g.get("stablehlo_ops") or {}
+        kinds = g.stablehlo_ops
         ops = ", ".join(f"{name.removeprefix('stablehlo.')} {n}" for name, n in
                         sorted(kinds.items(), key=lambda item: -item[1])[:8])
-        status = ", ".join(f"{kind} {status}" for kind, status in (g.get("parts") or {}).items())
-        lowering = g.get("lowering", "not lowered")
+        status = ", ".join(f"{kind} {status}" for kind, status in g.parts.items())
+        lowering = g.lowering
         if not status or lowering.startswith("not checked"):
             status = f"{status}; {lowering}" if status else lowering
-        lines.append(f"    {g['name']}: {status}"
+        lines.append(f"    {g.name}: {status}"
                      + (f", {sum(kinds.values())} ops ({ops}{', ...' if len(kinds) > 8 else ''})" if kinds else ""))
     return lines
 
@@ -152,10 +153,10 @@ def _memory(report) -> list[str]:
 
 def render(report) -> str:
     sections = [[f"Trainium readiness report (torch-neuronx-cpu: every op ran on this host's CPU; {report.process})",
-                 report.verdict["text"]],
+                 report.verdict.text],
                 _findings(report)]
     if report.collected:
         sections.append(_estimate(report))
     sections += [_what_ran(report), _memory(report),
-                 [f"Assumptions (profile: {report.profile['name']}):", *(f"  - {a}" for a in report.assumptions)]]
+                 [f"Assumptions (profile: {report.profile.name}):", *(f"  - {a}" for a in report.assumptions)]]
     return "\n\n".join("\n".join(lines) for lines in sections)

@@ -115,28 +115,28 @@ def recost(args) -> int:
     import json
 
     from torch_neuronx import simulate
-    from torch_neuronx.simulate import plan as plans
+    from torch_neuronx.simulate import plan as plans, recorded
 
     try:
         with open(args.recost, encoding="utf-8") as f:
-            old = json.load(f)
+            data = json.load(f)
     except (OSError, ValueError) as error:
         print(f"{PROG}: error: cannot read the plan {args.recost!r} ({error}): give the plan.json a simulation "
               "wrote", file=sys.stderr)
         return 2
     if args.script:
-        print(f"{PROG}: error: --recost runs nothing: give no script (the plan names {old.get('script')!r})",
+        print(f"{PROG}: error: --recost runs nothing: give no script (the plan names {recorded.script_named(data)!r})",
               file=sys.stderr)
         return 2
     try:
-        plans.check_recostable(old, args.recost)
-        name = args.instance or old["instance"]
-        same_chip = simulate.resolve(name, None, 1, None)[0].chip.name == old.get("chip")
-        lnc = args.lnc if args.lnc is not None else old.get("lnc") if same_chip else None
+        old = recorded.read(data, args.recost)
+        name = args.instance or old.instance
+        same_chip = simulate.resolve(name, None, 1, None)[0].chip.name == old.chip
+        lnc = args.lnc if args.lnc is not None else old.lnc if same_chip else None
         counted = "x" in name.split(".")[0] or name in simulate.hardware.SYSTEMS  # the name says how many nodes
-        nnodes = None if counted else args.nnodes or old.get("nnodes")
-        instance, nnodes, lnc = simulate.resolve(name, nnodes, old.get("nproc_per_node", 1), lnc)
-        layout = plans.Layout(instance, lnc, nnodes, old["nproc_per_node"])
+        nnodes = None if counted else args.nnodes or old.nnodes
+        instance, nnodes, lnc = simulate.resolve(name, nnodes, old.nproc_per_node, lnc)
+        layout = plans.Layout(instance, lnc, nnodes, old.nproc_per_node)
         result = plans.recost(old, layout, instance.chip.core_memory(lnc), args.recost)
     except (simulate.PlanError, ValueError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
@@ -151,26 +151,26 @@ def report(result, out: str, quiet: bool) -> int:
         sys.stdout.write(result.text())
     where = os.path.join(out, "plan.json")
     if result.mode == "numerics":
-        if not result.numerics["ok"]:
+        if not result.numerics.ok:
             print(f"{PROG}: error: the values differ from one device's ({where})", file=sys.stderr)
             return 1
         print(f"numerics match one device; plan in {where}")
         return 0
-    failed = [r for r in result.ranks if "error" in r]
+    failed = [r for r in result.ranks if r.error is not None]
     if failed:
         r = failed[0]
-        alike = [x["rank"] for x in failed if x["error"]["line"] == r["error"]["line"]]
-        ranks = f"ranks {id_ranges(alike)}" if len(alike) > 1 else f"rank {r['rank']}"
-        print(f"{PROG}: error: the program failed on {ranks} at {r['error']['line'] or 'an unknown line'}: "
-              f"{r['error']['message']}", file=sys.stderr)
+        alike = [x.rank for x in failed if x.error.line == r.error.line]
+        ranks = f"ranks {id_ranges(alike)}" if len(alike) > 1 else f"rank {r.rank}"
+        print(f"{PROG}: error: the program failed on {ranks} at {r.error.line or 'an unknown line'}: "
+              f"{r.error.message}", file=sys.stderr)
         return 1
     if result.divergence:
-        print(f"{PROG}: error: {result.divergence['message']}", file=sys.stderr)
+        print(f"{PROG}: error: {result.divergence.message}", file=sys.stderr)
         return 1
     if result.over_capacity:
         o = result.over_capacity[0]
         print(f"{PROG}: error: {len(result.over_capacity)} rank(s) exceed their core's HBM; first rank "
-              f"{o['rank']}, crossed at {o['line'] or o['site']} ({where})", file=sys.stderr)
+              f"{o.rank}, crossed at {o.line or o.site} ({where})", file=sys.stderr)
         return 1
     print(f"plan holds: {result.world_size} ranks within HBM, collectives agree; plan in {where}")
     return 0

@@ -12,6 +12,7 @@ from collections import Counter
 
 from torch_neuronx.trainium import time_model
 from torch_neuronx.runtime.units import id_ranges as ranges
+from torch_neuronx.simulate.rows import BackwardRow, CollectiveRow, OverlapCallRow
 
 
 def grouped_collectives(rec) -> dict[tuple, int]:
@@ -45,7 +46,7 @@ def collective_seconds(op: str, ranks: tuple, nbytes: int, layout, cal) -> tuple
     return time_model.collective_seconds(op, nbytes, len(ranks), bw, link, layout.instance.chip.name, cal)
 
 
-def costed_collectives(rec, spans: dict, layout, cal, name_of=lambda group: None) -> list[dict]:
+def costed_collectives(rec, spans: dict, layout, cal, name_of=lambda group: None) -> list[CollectiveRow]:
     """Each distinct collective call of a rank, timed on its group's link; its time goes to its step's span."""
     calls = []
     for (op, group, nbytes, shapes, line, step), n in grouped_collectives(rec).items():
@@ -54,18 +55,17 @@ def costed_collectives(rec, spans: dict, layout, cal, name_of=lambda group: None
         span.comm_latency_s += n * latency
         span.comm_transfer_s += n * transfer
         span.comm_calls += n if len(group) > 1 else 0
-        calls.append({"op": op, "group": name_of(group), "bytes": nbytes, "shapes": shapes, "line": line,
-                      "step": step, "calls": n, "seconds": latency + transfer})
+        calls.append(CollectiveRow(op, name_of(group), nbytes, shapes, line, step, n, latency + transfer))
     return calls
 
 
-def overlap_calls(rec, backward: dict) -> list[tuple[str, tuple, int, str | None]]:
+def overlap_calls(rec, backward) -> list[tuple[str, tuple, int, str | None]]:
     """(op, ranks, bytes, line) of each collective a backward launched without waiting for it, its
     group translated for a relabelled rank. A run record holds indices into its collectives, a
     re-costed one the calls themselves."""
     translate = getattr(rec, "group_map", None) or {}
     calls = []
-    for call in backward["calls"]:
+    for call in backward.calls:
         if isinstance(call, int):
             c = rec.collectives[call]
             call = (c.op, c.ranks, c.bytes, c.line)
@@ -74,14 +74,14 @@ def overlap_calls(rec, backward: dict) -> list[tuple[str, tuple, int, str | None
     return calls
 
 
-def _compute_after(profile, backward: dict, cal) -> list[float]:
-    """The compute seconds (work and launches) left after each launch."""
-    costs = [time_model.work_span(profile, Counter(seg["work"]), cal) + seg["eager"] * cal.eager_launch_s
-             + seg["graph"] * cal.graph_launch_s for seg in backward["segments"]]
+def _compute_after(profile, backward, cal) -> list[float]:
+    """The compute seconds (work and launches) left after each launch of ``backward`` (overlap.Backward)."""
+    costs = [time_model.work_span(profile, Counter(seg.work), cal) + seg.eager * cal.eager_launch_s
+             + seg.graph * cal.graph_launch_s for seg in backward.segments]
     return [sum(costs[i:]) for i in range(len(costs))]
 
 
-def hidden(rec, spans: dict, layout, profile, cal, cache: dict) -> list[dict]:
+def hidden(rec, spans: dict, layout, profile, cal, cache: dict) -> list[BackwardRow]:
     """Each backward's collectives that run under its compute (DDP's buckets): their time hidden
     goes to the step's span; returns what the plan lists of them."""
     listed = []
@@ -91,12 +91,10 @@ def hidden(rec, spans: dict, layout, profile, cal, cache: dict) -> list[dict]:
         calls, after = overlap_calls(rec, backward), cache[id(backward)]
         seconds = [sum(collective_seconds(op, ranks, nbytes, layout, cal)) for op, ranks, nbytes, _ in calls]
         hidden_s = time_model.overlapped_seconds(zip(seconds, after))
-        spans.setdefault(backward["step"], time_model.Span()).hidden_s += hidden_s
-        listed.append({"step": backward["step"], "hidden_seconds": hidden_s,
-                       "exposed_seconds": sum(seconds) - hidden_s,
-                       "calls": [{"op": op, "ranks": ranges(ranks), "bytes": nbytes, "line": line, "seconds": t,
-                                  "compute_after_seconds": a}
-                                 for (op, ranks, nbytes, line), t, a in zip(calls, seconds, after)]})
+        spans.setdefault(backward.step, time_model.Span()).hidden_s += hidden_s
+        listed.append(BackwardRow(backward.step, hidden_s, sum(seconds) - hidden_s,
+                                  [OverlapCallRow(op, ranges(ranks), nbytes, line, t, a)
+                                   for (op, ranks, nbytes, line), t, a in zip(calls, seconds, after)]))
     return listed
 
 
@@ -105,19 +103,19 @@ def graph_hidden(rec, spans: dict, layout, profile, cal) -> None:
     (graph_overlap.py), per call, goes to its step's span as hidden."""
     translate = getattr(rec, "group_map", None) or {}
     for entry in getattr(rec, "graph_overlaps", None) or []:
-        calls = entry["collectives"]
+        calls = entry.collectives
 
         def collective(i, calls=calls):
             op, ranks, nbytes = calls[i]
             return sum(collective_seconds(op, translate.get(tuple(ranks), tuple(ranks)), nbytes, layout, cal))
 
         hidden_s = time_model.scheduled_hidden(
-            entry["events"], lambda work: time_model.work_span(profile, Counter(work), cal), collective)
-        spans.setdefault(entry["step"], time_model.Span()).hidden_s += hidden_s * entry["calls"]
+            entry.events, lambda work: time_model.work_span(profile, Counter(work), cal), collective)
+        spans.setdefault(entry.step, time_model.Span()).hidden_s += hidden_s * entry.calls
 
 
 def rank_spans(rec, layout, profile, cal, compute_cache: dict | None = None, after_cache: dict | None = None,
-               name_of=lambda group: None) -> tuple[dict, list[dict], list[dict]]:
+               name_of=lambda group: None) -> tuple[dict, list[CollectiveRow], list[BackwardRow]]:
     """(each step's Span, the rank's costed collectives, its backwards' overlapped collectives). Ranks
     that share their work (relabelled ones) share its costing through ``compute_cache``."""
     compute_cache = {} if compute_cache is None else compute_cache

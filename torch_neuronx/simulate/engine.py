@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from torch_neuronx.runtime import hardware
+from torch_neuronx.simulate.rows import Simulation, Symmetry
 
 if TYPE_CHECKING:
     from torch_neuronx.simulate import plan
@@ -45,9 +46,9 @@ def structure(script: str, argv, instance: hardware.Instance, nnodes: int, nproc
     runs = sum(1 for rec in records if rec.relabelled_from is None)
     if progress is not None and runs < len(records):
         progress(None, None)  # the runs are done; relabelling and costing the rest
-    simulation = {"elapsed_seconds": time.perf_counter() - start, "script_runs": runs, "symmetry": {
-        "used": runs < len(records), "jobs": run.jobs, "why_every_rank_ran": "--all-ranks" if all_ranks else why,
-        "rank0_rank_uses": done[0].rank_uses if 0 in done else []}}
+    simulation = Simulation(time.perf_counter() - start, runs, Symmetry(
+        used=runs < len(records), jobs=run.jobs, why_every_rank_ran="--all-ranks" if all_ranks else why,
+        rank0_rank_uses=done[0].rank_uses if 0 in done else []))
     return plan.build(records, layout, run.capacity, script, argv, simulation)
 
 

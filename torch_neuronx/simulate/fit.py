@@ -17,7 +17,7 @@ from collections import Counter
 
 from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.trainium import calibration
-from torch_neuronx.simulate import costing, minimize, plan as plans
+from torch_neuronx.simulate import costing, minimize, plan as plans, recorded
 
 # The fitted constants, each a (name, read, write) of the Calibration: the others are assumed.
 FITTED = (
@@ -94,14 +94,14 @@ class GraphTerms:
     """A compiled graph's overlap entry (costing.graph_hidden) with its events' work and
     collectives costed in parts (as :class:`Terms`): the schedule is run again at each try."""
 
-    def __init__(self, entry: dict, rec, layout, profile):
+    def __init__(self, entry, rec, layout, profile):
         translate = getattr(rec, "group_map", None) or {}
         self.entry, self.work = entry, {}
-        for event in entry["events"]:
+        for event in entry.events:
             if event[0] == "work":
                 self.work[id(event[1])] = _work_terms(profile, event[1])
         self.collectives = [_collective_terms(op, translate.get(tuple(r), tuple(r)), n, layout)
-                            for op, r, n in entry["collectives"]]
+                            for op, r, n in entry.collectives]
 
     def hidden(self, cal: time_model.Calibration, chip: str) -> float:
         def work(w):
@@ -111,7 +111,7 @@ class GraphTerms:
             fixed, steps, kind, transfer, link = self.collectives[i]
             return fixed * cal.collective_s + steps * cal.step_latency_s[kind] + transfer / cal.link(link, chip)
 
-        return time_model.scheduled_hidden(self.entry["events"], work, collective) * self.entry["calls"]
+        return time_model.scheduled_hidden(self.entry.events, work, collective) * self.entry.calls
 
 
 @dataclasses.dataclass
@@ -128,8 +128,8 @@ class Sample:
         self.terms = Terms(self.record, self.layout, self.profile, self.row.step)
         step = self.row.step
         self.graphs = [GraphTerms(e, self.record, self.layout, self.profile)
-                       for e in getattr(self.record, "graph_overlaps", None) or [] if e["step"] == step]
-        self.backwards = [b for b in getattr(self.record, "overlaps", None) or [] if b["step"] == step]
+                       for e in getattr(self.record, "graph_overlaps", None) or [] if e.step == step]
+        self.backwards = [b for b in getattr(self.record, "overlaps", None) or [] if b.step == step]
 
     def step_seconds(self, cal: time_model.Calibration) -> float:
         """The row's step as the plan costs it with ``cal`` (costing.rank_spans), in parts."""
@@ -143,7 +143,7 @@ class Sample:
 
     def predicted(self, cal: time_model.Calibration) -> float:
         """The row's quantity (seconds, or sequences/s) as the plan gives it with ``cal``."""
-        count = max(1, self.record.steps[self.row.step]["count"])
+        count = max(1, self.record.steps[self.row.step].count)
         return calibration.value(self.row, self.step_seconds(cal) / count)
 
     def ratio(self, cal: time_model.Calibration) -> float:
@@ -151,16 +151,18 @@ class Sample:
 
 
 def layout_of(plan: dict) -> plans.Layout:
+    """The layout of a written plan (plan.json's object, schema 2 or 3)."""
     from torch_neuronx import simulate
 
-    instance, nnodes, lnc = simulate.resolve(plan["instance"], plan["nnodes"], plan["nproc_per_node"], plan["lnc"])
-    return plans.Layout(instance, lnc, nnodes, plan["nproc_per_node"])
+    old = recorded.read(plan, "a row's plan")
+    instance, nnodes, lnc = simulate.resolve(old.instance, old.nnodes, old.nproc_per_node, old.lnc)
+    return plans.Layout(instance, lnc, nnodes, old.nproc_per_node)
 
 
 def rank0(plan: dict):
-    """Rank 0's record from a written plan (schema 2 or 3)."""
-    plans.check_recostable(plan, "a row's plan")
-    return plans.recorded_record(plan, plan["ranks"][0], plans.group_ranks_of(plan), {})
+    """Rank 0's record from a written plan (plan.json's object, schema 2 or 3)."""
+    old = recorded.read(plan, "a row's plan")
+    return recorded.recorded_record(old, old.ranks[0], recorded.group_ranks_of(old), {})
 
 
 def samples(records: dict) -> list[Sample]:
@@ -250,14 +252,14 @@ def extrapolate(parts: dict, run: calibration.Run):
     return full
 
 
-def _overlap_key(entry: dict) -> tuple:
-    return entry["step"], entry["graph"], repr(entry["collectives"]), repr(entry["events"])
+def _overlap_key(entry) -> tuple:
+    return entry.step, entry.graph, repr(entry.collectives), repr(entry.events)
 
 
-def _graph_overlaps(parts: dict, run: calibration.Run) -> list[dict]:
+def _graph_overlaps(parts: dict, run: calibration.Run) -> list:
     """The compiled graphs' overlap entries at full depth: each graph's calls extrapolated as the
     work is (a layer's block is one graph, called once per layer and microbatch)."""
     entries = {_overlap_key(e): e for rec in parts.values() for e in rec.graph_overlaps}
     calls = _linear(parts, run.layers, run.microbatches,
-                    lambda r: {_overlap_key(e): e["calls"] for e in r.graph_overlaps})
-    return [{**entries[key], "calls": n} for key, n in calls.items()]
+                    lambda r: {_overlap_key(e): e.calls for e in r.graph_overlaps})
+    return [dataclasses.replace(entries[key], calls=n) for key, n in calls.items()]

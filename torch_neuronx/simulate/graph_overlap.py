@@ -13,6 +13,20 @@ a collective is in flight are kept.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass
+class GraphOverlap:
+    """A compiled graph whose collectives can run under its own compute, on one step: its calls there
+    (RankRecord.graph_overlaps)."""
+
+    step: str | None
+    graph: str
+    collectives: list  # (op, ranks, bytes) in call order
+    events: list  # GraphEvents.kept()
+    calls: int = 0
+
 
 class GraphEvents:
     """One graph call's ops and collectives, in order."""

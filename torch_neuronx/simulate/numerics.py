@@ -21,6 +21,7 @@ import time
 import torch
 
 from torch_neuronx.simulate import render
+from torch_neuronx.simulate.rows import Numerics, OutputRow
 
 RTOL, ATOL = 1.3e-6, 1e-5
 SHOWN_VALUES = 64  # outputs this small are written out whole, every rank's and one device's
@@ -128,12 +129,14 @@ class NumericsPlan(render.PlanFiles):
     nnodes: int
     nproc_per_node: int
     world_size: int
-    numerics: dict
+    numerics: Numerics
     schema: int = 1
     mode: str = "numerics"
 
+    nested = {"numerics": Numerics.from_dict}
 
-def _compared(per_rank: list, ref: torch.Tensor) -> dict:
+
+def _compared(per_rank: list, ref: torch.Tensor) -> OutputRow:
     """One output's comparison: every rank's value against one device's, and the worst rank."""
     worst, worst_rank, good = 0.0, 0, True
     for rank, got in enumerate(per_rank):
@@ -148,12 +151,10 @@ def _compared(per_rank: list, ref: torch.Tensor) -> dict:
             good = False
         if diff >= worst:
             worst, worst_rank = diff, rank
-    out = {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
-           "max_abs_difference": worst, "worst_rank": worst_rank, "ok": good}
-    if ref.numel() <= SHOWN_VALUES:  # a loss curve, say: what a torchrun run would log, rank by rank
-        out["values"] = [got.tolist() for got in per_rank]
-        out["one_device"] = ref.tolist()
-    return out
+    shown = ref.numel() <= SHOWN_VALUES  # a loss curve, say: what a torchrun run would log, rank by rank
+    return OutputRow(list(ref.shape), str(ref.dtype).removeprefix("torch."), worst, worst_rank, good,
+                     values=[got.tolist() for got in per_rank] if shown else None,
+                     one_device=ref.tolist() if shown else None)
 
 
 def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int, names=None) -> NumericsPlan:
@@ -177,13 +178,13 @@ def run(script: str, argv, instance, nnodes: int, nproc_per_node: int, lnc: int,
     compared = sorted(set(simulated) & set(reference))
     missing = sorted(set(names or ()) - set(compared))
     outputs = {name: _compared(simulated[name], reference[name]) for name in compared}
-    ok = all(output["ok"] for output in outputs.values())
+    ok = all(output.ok for output in outputs.values())
     if not compared or missing:
         ok = False
     layout = f"{nnodes} x {instance.name}"
     return NumericsPlan(
         script=script, args=list(argv), instance=instance.name, lnc=lnc, nnodes=nnodes,
         nproc_per_node=nproc_per_node, world_size=size,
-        numerics={"ok": ok, "outputs": outputs, "missing": missing, "layout": layout,
-                  "tolerance": f"float32: rtol {RTOL}, atol {ATOL}; other dtypes: torch.testing's defaults",
-                  "elapsed_seconds": time.perf_counter() - start})
+        numerics=Numerics(ok, outputs, missing, layout,
+                          f"float32: rtol {RTOL}, atol {ATOL}; other dtypes: torch.testing's defaults",
+                          time.perf_counter() - start))

@@ -14,6 +14,8 @@ that). The plan costs them (costing.hidden).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 ASYNC_NODES = ("AccumulateGrad",)
@@ -23,6 +25,26 @@ def _launched_async() -> bool:
     """Whether the collective being made now is one the backward does not wait for (see above)."""
     node = torch._C._current_autograd_node()
     return node is not None and node.name().endswith(ASYNC_NODES)
+
+
+@dataclass
+class Segment:
+    """The work and launches after one launched collective, up to the next one (or the backward's end)."""
+
+    work: dict = field(default_factory=dict)  # (precision, FLOPs, HBM bytes) -> calls
+    eager: int = 0
+    graph: int = 0
+
+
+@dataclass
+class Backward:
+    """A backward that launched collectives it does not wait for: its step, the collectives (indices
+    into the rank's record; re-costed, the calls themselves: costing.overlap_calls) and a segment
+    after each."""
+
+    step: str | None
+    calls: list = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
 
 
 class Backwards:
@@ -37,13 +59,13 @@ class Backwards:
         def run(*args, **kwargs):
             self.depth += 1
             if self.depth == 1:
-                self.current = {"step": self.step_of(), "calls": [], "segments": []}
+                self.current = Backward(self.step_of())
                 self.line = self.line_of()
             try:
                 return run_backward(*args, **kwargs)
             finally:
                 self.depth -= 1
-                if self.depth == 0 and self.current["calls"]:
+                if self.depth == 0 and self.current.calls:
                     self.record.overlaps.append(self.current)
                 if self.depth == 0:
                     self.current = None
@@ -56,21 +78,26 @@ class Backwards:
 
     def collective(self, index: int) -> None:
         if self.current is not None and _launched_async():
-            self.current["calls"].append(index)
-            self.current["segments"].append({"work": {}, "eager": 0, "graph": 0})
+            self.current.calls.append(index)
+            self.current.segments.append(Segment())
 
     def _after_a_launch(self) -> bool:
         """Whether work now runs after a launched collective and can hide it: inside an autograd node.
         The backward's callbacks at its end come after DDP's wait (its finalize copies the results
         back into the gradients)."""
-        return bool(self.current is not None and self.current["segments"]
+        return bool(self.current is not None and self.current.segments
                     and torch._C._current_autograd_node() is not None)
 
     def work(self, key, n: int = 1) -> None:
         if self._after_a_launch():
-            segment = self.current["segments"][-1]["work"]
+            segment = self.current.segments[-1].work
             segment[key] = segment.get(key, 0) + n
 
     def launch(self, kind: str, n: int) -> None:
+        """``n`` launches of ``kind`` ("eager" or "graph")."""
         if self._after_a_launch():
-            self.current["segments"][-1][kind] += n
+            segment = self.current.segments[-1]
+            if kind == "eager":
+                segment.eager += n
+            else:
+                segment.graph += n

@@ -15,16 +15,19 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter, defaultdict
+from typing import NamedTuple
 
 from torch_neuronx.trainium import cost_model, time_model
 from torch_neuronx.runtime.hardware import Instance
 from torch_neuronx.runtime.units import id_ranges as ranges
-from torch_neuronx.simulate import costing, render
+from torch_neuronx.simulate import costing, recorded, render
+from torch_neuronx.simulate.rows import (Communication, CollectiveRow, Crossing, Divergence, GroupRow, OverCapacityRow,
+                                         PlanTime, RankError, RankRow, Simulation, StepRow)
+from torch_neuronx.runtime.rows import rows_of
 
 # 3: one estimate per step (seconds) with its interval and bounds; 2: a [low, high] range, steps,
-# grouped collectives, recorded work. --recost reads both: what it re-costs was recorded alike.
+# grouped collectives, recorded work. --recost reads both (recorded.RECOSTABLE).
 SCHEMA = 3
-RECOSTABLE = (2, 3)
 LINK_ASSUMPTIONS = [
     "between two cores of one chip: not published; the chip's NeuronLink bandwidth is assumed",
     "a link's bandwidth is shared evenly by the group's ranks that use it; groups running at once on one link "
@@ -48,16 +51,25 @@ class Plan(render.PlanFiles):
     nproc_per_node: int
     world_size: int
     capacity_bytes: int
-    time: dict
-    ranks: list
-    over_capacity: list
-    groups: list
-    communication: dict
-    divergence: dict | None
-    simulation: dict
-    recorded: dict
+    time: PlanTime | None  # None (``{}`` in the JSON) when there are no ranks
+    ranks: list[RankRow]
+    over_capacity: list[OverCapacityRow]
+    groups: list[GroupRow]
+    communication: Communication
+    divergence: Divergence | None
+    simulation: Simulation
+    recorded: dict  # str(rank) -> recorded.record_json of each run rank
     schema: int = SCHEMA
     mode: str = "structure"
+
+    nested = {"time": lambda t: PlanTime.from_dict(t) if t else None, "ranks": rows_of(RankRow),
+              "over_capacity": rows_of(OverCapacityRow), "groups": rows_of(GroupRow),
+              "communication": Communication.from_dict, "divergence": Divergence.from_dict,
+              "simulation": Simulation.from_dict}
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        return out if self.time is not None else {**out, "time": {}}
 
 
 class Layout:
@@ -94,7 +106,7 @@ class Layout:
         return "on chip (assumed)", links.chip_bytes_per_s / max(1, len(ranks))
 
 
-def check_divergence(records) -> dict | None:
+def check_divergence(records) -> Divergence | None:
     """The first disagreement between the members of a process group, or None.
 
     Each group's members must make the same calls on it in the same order; ranks of other
@@ -127,23 +139,29 @@ def check_divergence(records) -> dict | None:
                    f"on the group of ranks {ranges(group)}")
         if len(odd) > 1:
             message += f"; ranks {ranges(odd)} all differ from the others"
-        return {"rank": rank, "ranks": odd, "group": list(group), "index_in_group": at,
-                "index_in_rank": own[0] if own else None, "line": own[1].line if own else None,
-                "call": describe(own), "others": describe(peer), "message": message}
+        return Divergence(rank=rank, ranks=odd, group=list(group), index_in_group=at,
+                          index_in_rank=own[0] if own else None, line=own[1].line if own else None,
+                          call=describe(own), others=describe(peer), message=message)
     return None
 
 
 # ---- the records' time, as the plan gives it -----------------------------------------------------
-def timing(span: time_model.Span, cal: time_model.Calibration, per: int = 1) -> dict:
+class Timing(NamedTuple):
+    seconds: float
+    interval_seconds: list[float]
+    bounds_seconds: list[float]
+
+
+def timing(span: time_model.Span, cal: time_model.Calibration, per: int = 1) -> Timing:
     """A span's estimate, its interval (the model's out-of-sample error) and its bounds (every
     collective hidden, none), each divided by ``per``."""
     point = span.seconds(cal) / per
-    return {"seconds": point, "interval_seconds": list(cal.interval(point)),
-            "bounds_seconds": [s / per for s in span.bounds(cal)]}
+    return Timing(point, list(cal.interval(point)), [s / per for s in span.bounds(cal)])
 
 
 def _parts(span: time_model.Span, cal, per: int) -> dict:
-    """What a span's estimate is made of, each divided by ``per``: the mechanisms the plan names."""
+    """What a span's estimate is made of, each divided by ``per``: the mechanisms the plan names (the
+    fields StepRow and RankRow share, as keyword arguments)."""
     return {"compute_seconds": span.compute_s / per, "launch_seconds": span.launch_s(cal) / per,
             "eager_launches": span.eager_launches / per, "graph_launches": span.graph_launches / per,
             "communication_seconds": span.comm_s / per, "communication_latency_seconds": span.comm_latency_s / per,
@@ -151,21 +169,27 @@ def _parts(span: time_model.Span, cal, per: int) -> dict:
             "communication_hidden_seconds": span.hidden_s / per, "collective_calls": span.comm_calls / per}
 
 
-def _step_rows(spans: dict, steps: dict, cal) -> dict:
+def _per_unit(span: time_model.Span, cal, count: int, amounts: dict) -> dict:
+    """A step's time per token and per sequence (those it counts), as StepRow's keyword arguments."""
+    out = {}
+    for unit, amount in amounts.items():
+        if amount:
+            per = timing(span, cal, count * amount)
+            out.update({f"per_{unit[:-1]}_seconds": per.seconds,
+                        f"per_{unit[:-1]}_interval_seconds": per.interval_seconds,
+                        f"{unit}_per_second": 1 / per.seconds if per.seconds else 0.0,
+                        f"{unit}_per_second_interval": [1 / s if s else 0.0 for s in reversed(per.interval_seconds)]})
+    return out
+
+
+def _step_rows(spans: dict, steps: dict, cal) -> dict[str, StepRow]:
     """Each marked step's time: per step (the mean over its calls), per token or sequence."""
     rows = {}
     for name, info in steps.items():
-        span, count = spans.get(name, time_model.Span()), max(1, info["count"])
-        row = {"count": info["count"], "tokens": info["tokens"], "sequences": info["sequences"],
-               **timing(span, cal, count), **_parts(span, cal, count)}
-        for unit in ("tokens", "sequences"):
-            if info[unit]:
-                per = timing(span, cal, count * info[unit])
-                row[f"per_{unit[:-1]}_seconds"] = per["seconds"]
-                row[f"per_{unit[:-1]}_interval_seconds"] = per["interval_seconds"]
-                row[f"{unit}_per_second"] = 1 / per["seconds"] if per["seconds"] else 0.0
-                row[f"{unit}_per_second_interval"] = [1 / s if s else 0.0 for s in reversed(per["interval_seconds"])]
-        rows[name] = row
+        span, count = spans.get(name, time_model.Span()), max(1, info.count)
+        amounts = {"tokens": info.tokens, "sequences": info.sequences}
+        rows[name] = StepRow(info.count, **amounts, **timing(span, cal, count)._asdict(),
+                             **_parts(span, cal, count), **_per_unit(span, cal, count, amounts))
     return rows
 
 
@@ -179,53 +203,45 @@ class _Groups:
         if group not in self.names:
             self.names[group] = f"g{len(self.names)}"
             link, bw = self.layout.link(group)
-            self.rows.append({"name": self.names[group], "ranks": ranges(group), "size": len(group),
-                              "link": link, "bytes_per_s_per_rank": bw})
+            self.rows.append(GroupRow(self.names[group], ranges(group), len(group), link, bw))
         return self.names[group]
 
 
-def _over_capacity(rec, capacity: int) -> dict | None:
+def _over_capacity(rec, capacity: int) -> Crossing | None:
     """Where a rank's memory crossed the core's HBM (unknown when re-costed for a smaller one)."""
     if rec.over is not None and rec.over.bytes_live > capacity:
-        return {"line": rec.over.line, "site": rec.over.site, "op": rec.over.op,
-                "allocation_bytes": rec.over.allocation, "live_bytes": rec.over.bytes_live}
+        return Crossing(rec.over.line, rec.over.site, rec.over.op, rec.over.allocation, rec.over.bytes_live)
     if rec.peak_bytes > capacity:
-        return {"line": None, "site": None, "op": None, "allocation_bytes": None, "live_bytes": rec.peak_bytes}
+        return Crossing(None, None, None, None, rec.peak_bytes)
     return None
 
 
-def _rank_entry(rec, spans: dict, calls: list[dict], layout: Layout, capacity: int,
-                cal: time_model.Calibration) -> dict:
+def _rank_entry(rec, spans: dict, calls: list[CollectiveRow], layout: Layout, capacity: int,
+                cal: time_model.Calibration) -> RankRow:
     """One rank's row of the plan: where it runs, its memory, its time and its collectives."""
     whole = time_model.Span()
     for span in spans.values():
         whole.add(span)
     run = timing(whole, cal)
-    entry = {"rank": rec.rank, "node": layout.node(rec.rank), "local_rank": rec.rank % layout.nproc,
-             "chip": layout.chip(rec.rank), "peak_bytes": rec.peak_bytes, "capacity_bytes": capacity,
-             "fits": rec.peak_bytes <= capacity, "allocations": rec.allocations,
-             "step_seconds": run["seconds"], "step_interval_seconds": run["interval_seconds"],
-             "step_bounds_seconds": run["bounds_seconds"], **_parts(whole, cal, 1),
-             "collective_calls": sum(c["calls"] for c in calls), "collectives": calls,
-             "steps": _step_rows(spans, rec.steps, cal)}
-    over = _over_capacity(rec, capacity)
-    if over is not None:
-        entry["over_capacity"] = over
-    if rec.error:
-        entry["error"] = {"message": rec.error, "line": rec.error_line}
-    if getattr(rec, "relabelled_from", None) is not None:
-        entry["relabelled_from"] = rec.relabelled_from  # not run: that rank's record, groups translated
-    return entry
+    parts = {**_parts(whole, cal, 1), "collective_calls": sum(c.calls for c in calls)}
+    return RankRow(
+        rank=rec.rank, node=layout.node(rec.rank), local_rank=rec.rank % layout.nproc, chip=layout.chip(rec.rank),
+        peak_bytes=rec.peak_bytes, capacity_bytes=capacity, fits=rec.peak_bytes <= capacity,
+        allocations=rec.allocations, step_seconds=run.seconds, step_interval_seconds=run.interval_seconds,
+        step_bounds_seconds=run.bounds_seconds, **parts, collectives=calls, steps=_step_rows(spans, rec.steps, cal),
+        over_capacity=_over_capacity(rec, capacity),
+        error=RankError(rec.error, rec.error_line) if rec.error else None,
+        relabelled_from=getattr(rec, "relabelled_from", None))
 
 
-def build(records, layout: Layout, capacity: int, script: str, argv, simulation: dict,
-          divergence: dict | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
+def build(records, layout: Layout, capacity: int, script: str, argv, simulation: Simulation,
+          divergence: Divergence | None = None, cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
     """The plan of ``records`` on ``layout``, timed with ``cal``. ``simulation`` says how they were had
     (elapsed seconds, script runs, ...: the engine's, or the re-costed plan's). ``divergence``, when
     given, is taken as found (re-costing a plan); else the records are checked."""
     profile = cost_model.profile_for(layout.instance.chip.name, layout.lnc)
     groups = _Groups(layout)
-    ranks, recorded = [], {}
+    ranks, kept = [], {}
     compute_cache: dict[int, dict] = {}  # ranks that share their work share its costing
     after_cache: dict[int, list] = {}
     overlapped = {}  # rank -> each backward's DDP buckets (bytes, line, time hidden); rank 0's is shown
@@ -233,148 +249,57 @@ def build(records, layout: Layout, capacity: int, script: str, argv, simulation:
         spans, calls, overlapped[rec.rank] = costing.rank_spans(rec, layout, profile, cal, compute_cache,
                                                                 after_cache, groups.name)
         ranks.append(_rank_entry(rec, spans, calls, layout, capacity, cal))
-        if "relabelled_from" not in ranks[-1]:
-            recorded[str(rec.rank)] = record_json(rec)
+        if ranks[-1].relabelled_from is None:
+            kept[str(rec.rank)] = recorded.record_json(rec)
     checked = [rec for rec in records if getattr(rec, "relabelled_from", None) is None]
-    over = [{"rank": r["rank"], "peak_bytes": r["peak_bytes"], **r["over_capacity"]} for r in ranks
-            if "over_capacity" in r]
     return Plan(
         script=os.path.abspath(script), args=list(argv), instance=layout.instance.name,
         chip=layout.instance.chip.name, lnc=layout.lnc, nnodes=layout.nnodes, nproc_per_node=layout.nproc,
         world_size=len(records), capacity_bytes=capacity,
         time=time_summary(ranks, profile, layout, cal, overlapped.get(0, [])),
-        ranks=ranks, over_capacity=over, groups=groups.rows,
-        communication={
-            "slowest_rank": max(ranks, key=lambda r: r["communication_seconds"])["rank"] if ranks else None,
-            "seconds": max((r["communication_seconds"] for r in ranks), default=0.0),
-            "sources": [layout.instance.links.source], "assumptions": LINK_ASSUMPTIONS,
-        },
+        ranks=ranks, over_capacity=_over_rows(ranks), groups=groups.rows,
+        communication=Communication(
+            slowest_rank=max(ranks, key=lambda r: r.communication_seconds).rank if ranks else None,
+            seconds=max((r.communication_seconds for r in ranks), default=0.0),
+            sources=[layout.instance.links.source], assumptions=LINK_ASSUMPTIONS),
         divergence=divergence if divergence is not None else check_divergence(checked),
         simulation=simulation,
-        recorded=recorded,
+        recorded=kept,
     )
 
 
-def time_summary(ranks: list[dict], profile, layout: Layout, cal: time_model.Calibration,
-                 backward_overlap: list[dict]) -> dict:
+def _over_rows(ranks: list[RankRow]) -> list[OverCapacityRow]:
+    """The ranks over their core's HBM, and where each crossed."""
+    return [OverCapacityRow(r.rank, r.peak_bytes, o.line, o.site, o.op, o.allocation_bytes, o.live_bytes)
+            for r in ranks if (o := r.over_capacity) is not None]
+
+
+def time_summary(ranks: list[RankRow], profile, layout: Layout, cal: time_model.Calibration,
+                 backward_overlap: list) -> PlanTime | None:
     """The job's time: the slowest rank's (ranks wait for each other at their collectives); rank
     0's backwards with the collectives they run under their compute (DDP's buckets)."""
     if not ranks:
-        return {}
-    slowest = max(ranks, key=lambda r: r["step_seconds"])
-    return {"step_seconds": slowest["step_seconds"], "interval_seconds": list(cal.interval(slowest["step_seconds"])),
-            "bounds_seconds": [max(r["step_bounds_seconds"][0] for r in ranks), slowest["step_bounds_seconds"][1]],
-            "slowest_rank": slowest["rank"], "steps": slowest["steps"], "profile": profile.as_dict(),
-            "calibration": cal.as_dict(), "assumptions": time_model.assumptions(cal),
-            "sources": [profile.source, layout.instance.links.source], "backward_overlap": backward_overlap}
+        return None
+    slowest = max(ranks, key=lambda r: r.step_seconds)
+    return PlanTime(
+        step_seconds=slowest.step_seconds, interval_seconds=list(cal.interval(slowest.step_seconds)),
+        bounds_seconds=[max(r.step_bounds_seconds[0] for r in ranks), slowest.step_bounds_seconds[1]],
+        slowest_rank=slowest.rank, steps=slowest.steps, profile=profile.as_dict(), calibration=cal.as_dict(),
+        assumptions=time_model.assumptions(cal), sources=[profile.source, layout.instance.links.source],
+        backward_overlap=backward_overlap)
 
 
-# ---- what a plan keeps to be re-costed ----------------------------------------------------------
-def record_json(rec) -> dict:
-    """What re-costing a run rank needs beyond its entry: its op calls' work, launches and steps."""
-    def steps_of(table):
-        return [{"step": step, "items": items} for step, items in table.items()]
-
-    overlaps = [{"step": b["step"], "calls": [list(call) for call in costing.overlap_calls(rec, b)],
-                 "segments": [{**seg, "work": [[p, f, n_bytes, n] for (p, f, n_bytes), n in seg["work"].items()]}
-                              for seg in b["segments"]]} for b in getattr(rec, "overlaps", None) or []]
-    return {"work": steps_of({s: [[p, f, b, n] for (p, f, b), n in w.items()] for s, w in rec.work.items()}),
-            "launches": steps_of(rec.launches), "steps": rec.steps, "overlaps": overlaps,
-            "graph_overlaps": [_graph_overlap_json(entry) for entry in getattr(rec, "graph_overlaps", None) or []]}
-
-
-def _graph_overlap_json(entry: dict) -> dict:
-    events = [list(e) if e[0] == "collective" else ["work", [[*k, n] for k, n in e[1].items()], list(e[2]), e[3]]
-              for e in entry["events"]]
-    return {**entry, "collectives": [[op, list(ranks), nbytes] for op, ranks, nbytes in entry["collectives"]],
-            "events": events}
-
-
-def _graph_overlaps_of(recorded: dict) -> list[dict]:
-    """record_json's graph_overlaps back as a record holds them (schema 2 plans have none)."""
-    out = []
-    for entry in recorded.get("graph_overlaps", []):
-        events = [tuple(e) if e[0] == "collective" else
-                  ("work", {tuple(i[:3]): i[3] for i in e[1]}, tuple(e[2]), e[3]) for e in entry["events"]]
-        out.append({**entry, "collectives": [(op, tuple(ranks), nbytes) for op, ranks, nbytes in entry["collectives"]],
-                    "events": events})
-    return out
-
-
-def _overlaps_of(recorded: dict) -> list[dict]:
-    """record_json's overlaps back as a record holds them (its calls resolved, not indices)."""
-    return [{"step": b["step"], "calls": [(op, tuple(ranks), n_bytes, line) for op, ranks, n_bytes, line in b["calls"]],
-             "segments": [{**seg, "work": {tuple(item[:3]): item[3] for item in seg["work"]}} for seg in b["segments"]]}
-            for b in recorded.get("overlaps", [])]
-
-
-def recorded_record(old: dict, entry: dict, group_ranks: dict, base: dict):
-    """A rank's record again from a written plan (``entry`` one of its ranks, ``group_ranks`` its
-    groups' ranks by name): its recorded work, launches, steps and backwards (shared through ``base``
-    with the ranks relabelled from the same run), and its collectives as the plan grouped them."""
-    from torch_neuronx.simulate.recorder import OverCapacity, RankRecord
-
-    rec = RankRecord(entry["rank"], entry["peak_bytes"], allocations=entry["allocations"])
-    source_rank = str(entry.get("relabelled_from", entry["rank"]))
-    if source_rank not in base:
-        recorded = old["recorded"][source_rank]
-        base[source_rank] = (
-            {s["step"]: {tuple(item[:3]): item[3] for item in s["items"]} for s in recorded["work"]},
-            {s["step"]: s["items"] for s in recorded["launches"]}, recorded["steps"], _overlaps_of(recorded),
-            _graph_overlaps_of(recorded))
-    rec.work, rec.launches, rec.steps, rec.overlaps, rec.graph_overlaps = base[source_rank]
-    rec.grouped = {(c["op"], group_ranks[c["group"]], c["bytes"], c["shapes"], c["line"], c["step"]): c["calls"]
-                   for c in entry["collectives"]}
-    rec.relabelled_from = entry.get("relabelled_from")
-    if "error" in entry:
-        rec.error, rec.error_line = entry["error"]["message"], entry["error"]["line"]
-    over = entry.get("over_capacity")
-    if over and over.get("allocation_bytes"):
-        rec.over = OverCapacity(over["live_bytes"], over["allocation_bytes"], over["op"], over["line"], over["site"])
-    return rec
-
-
-def group_ranks_of(old: dict) -> dict:
-    """{group name: its global ranks} of a written plan."""
-    return {g["name"]: _parse_ranges(g["ranks"]) for g in old["groups"]}
-
-
-def recost(old: dict, layout: Layout, capacity: int, source: str,
+def recost(old: recorded.RecordedPlan, layout: Layout, capacity: int, source: str,
            cal: time_model.Calibration = time_model.CALIBRATION) -> Plan:
-    """A written plan (plan.json, schema 2 or 3) costed again on ``layout``: its ranks' recorded work,
-    launches and collectives, nothing run again. Peaks are checked against the new ``capacity``;
-    the ranks' agreement is instance-independent and kept."""
-    check_recostable(old, source)
-    if len(old["ranks"]) != layout.nnodes * layout.nproc:
-        raise ValueError(f"{source} has {len(old['ranks'])} ranks, but {layout.nnodes} x {layout.nproc} were asked "
+    """A written plan (plan.json, schema 2 or 3, read by :func:`.recorded.read`) costed again on
+    ``layout``: its ranks' recorded work, launches and collectives, nothing run again. Peaks are
+    checked against the new ``capacity``; the ranks' agreement is instance-independent and kept."""
+    if len(old.ranks) != layout.nnodes * layout.nproc:
+        raise ValueError(f"{source} has {len(old.ranks)} ranks, but {layout.nnodes} x {layout.nproc} were asked "
                          "for: re-cost with the plan's own --nnodes and --nproc-per-node")
-    groups, base = group_ranks_of(old), {}
-    records = [recorded_record(old, entry, groups, base) for entry in old["ranks"]]
-    simulation = {**old["simulation"], "recosted_from": os.path.abspath(source),
-                  "recorded_on": f"{old['nnodes']} x {old['instance']} (LNC={old['lnc']})",
-                  "recorded_schema": old["schema"]}
-    return build(records, layout, capacity, old["script"], old["args"], simulation, divergence=old["divergence"],
-                 cal=cal)
-
-
-def check_recostable(old, source: str) -> None:
-    """Raise ValueError, naming the fix, unless ``old`` is a plan :func:`recost` can read."""
-    if not isinstance(old, dict) or old.get("schema") not in RECOSTABLE or old.get("mode") != "structure" \
-            or "recorded" not in old:
-        described = (f"schema {old.get('schema')!r}, mode {old.get('mode')!r}" if isinstance(old, dict)
-                     else type(old).__name__)
-        known = " or ".join(map(str, RECOSTABLE))
-        raise ValueError(f"{source} is not a plan this version can re-cost ({described}; re-costing needs a "
-                         f"structure plan of schema {known}, which keeps its recorded work): run the simulation "
-                         "again to write one")
-
-
-def _parse_ranges(text: str) -> tuple[int, ...]:
-    """'0-3,6' -> (0, 1, 2, 3, 6): the inverse of id_ranges, in the group's own order."""
-    out = []
-    for part in text.split(","):
-        if part in ("-", ""):
-            continue
-        first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
-    return tuple(out)
+    groups, base = recorded.group_ranks_of(old), {}
+    records = [recorded.recorded_record(old, entry, groups, base) for entry in old.ranks]
+    simulation = dataclasses.replace(old.simulation, recosted_from=os.path.abspath(source),
+                                     recorded_on=f"{old.nnodes} x {old.instance} (LNC={old.lnc})",
+                                     recorded_schema=old.schema)
+    return build(records, layout, capacity, old.script, old.args, simulation, divergence=old.divergence, cal=cal)

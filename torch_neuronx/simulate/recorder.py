@@ -126,13 +126,11 @@ class RankRecord:
     # bytes): calls}, and the NEFF launches ("eager", "graph"); costed by the plan (time_model).
     work: dict = field(default_factory=dict)
     launches: dict = field(default_factory=dict)
-    steps: dict = field(default_factory=dict)  # name -> {"count", "tokens", "sequences"}
-    # Backwards that launched collectives they do not wait for (DDP's buckets), with the work after
-    # each: [{"step", "calls": [collective index], "segments": [{"work", "eager", "graph"}]}] (overlap.py).
-    overlaps: list = field(default_factory=list)
-    # Compiled graphs whose collectives can run under their own independent compute (graph_overlap.py):
-    # [{"step", "graph", "collectives": [(op, ranks, bytes)], "events", "calls"}]
-    graph_overlaps: list = field(default_factory=list)
+    steps: dict[str, steps.StepCount] = field(default_factory=dict)  # by name
+    # Backwards that launched collectives they do not wait for (DDP's buckets), with the work after each.
+    overlaps: list[overlap.Backward] = field(default_factory=list)
+    # Compiled graphs whose collectives can run under their own independent compute.
+    graph_overlaps: list[graph_overlap.GraphOverlap] = field(default_factory=list)
     group_map: dict | None = None  # relabelled lightly: rank 0's groups -> this rank's (symmetry.py)
     grouped: dict | None = None  # re-costed: the collectives as costing.grouped_collectives gives them
 
@@ -209,12 +207,12 @@ class RankRecorder(TorchDispatchMode):
         if self._graph is not None:
             raise RuntimeError(f"torch_neuronx.simulate.step({name!r}) inside a compiled graph: mark steps "
                                "outside the compiled function")
-        entry = self.record.steps.setdefault(name, {"count": 0, "tokens": tokens, "sequences": sequences})
-        if (entry["tokens"], entry["sequences"]) != (tokens, sequences):
+        entry = self.record.steps.setdefault(name, steps.StepCount(0, tokens, sequences))
+        if (entry.tokens, entry.sequences) != (tokens, sequences):
             raise ValueError(f"torch_neuronx.simulate.step({name!r}) counts tokens={tokens}, sequences={sequences}, "
-                             f"where an earlier step of that name counted tokens={entry['tokens']}, sequences="
-                             f"{entry['sequences']}: give steps that process different amounts different names")
-        entry["count"] += 1
+                             f"where an earlier step of that name counted tokens={entry.tokens}, sequences="
+                             f"{entry.sequences}: give steps that process different amounts different names")
+        entry.count += 1
         self._step = name
 
     def end_step(self) -> None:
@@ -256,11 +254,10 @@ class RankRecorder(TorchDispatchMode):
             key = (self._step, name, tuple(collectives), repr(events))
             entry = self._overlap_entries.get(key)
             if entry is None:
-                entry = self._overlap_entries[key] = {"step": self._step, "graph": name, "collectives": collectives,
-                                                      "events": events, "calls": 0}
+                entry = self._overlap_entries[key] = graph_overlap.GraphOverlap(self._step, name, collectives, events)
                 self.record.graph_overlaps.append(entry)
             same = self._overlap_by_events[id(events), self._step] = (events, entry)
-        same[1]["calls"] += 1
+        same[1].calls += 1
 
     def replay_graph(self, recording: replay.GraphRecording, args):
         """A call of a compiled graph alike its recorded first call (replay.py): its collectives, work,

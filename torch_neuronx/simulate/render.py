@@ -8,6 +8,8 @@ import os
 from collections import Counter
 from typing import ClassVar
 
+from torch_neuronx.runtime.rows import Row, jsonable
+from torch_neuronx.simulate.rows import RankRow, StepRow
 from torch_neuronx.runtime.units import format_bytes, format_seconds, id_ranges, seconds_estimate, seconds_range
 
 # Which choices of the program move its time, named where the plan sees them.
@@ -30,51 +32,51 @@ def _ranks_shown(text: str) -> str:
     return text
 
 
-def _rate(row: dict) -> str:
-    for unit in ("token", "sequence"):
-        if f"per_{unit}_seconds" in row:
-            rate = row[f"{unit}s_per_second"]
-            return (f"; {seconds_estimate(row[f'per_{unit}_seconds'], row[f'per_{unit}_interval_seconds'])} per "
-                    f"{unit} ({rate:.3g} {unit}s/s)")
+def _rate(row: StepRow) -> str:
+    for unit, seconds, interval, rate in (
+            ("token", row.per_token_seconds, row.per_token_interval_seconds, row.tokens_per_second),
+            ("sequence", row.per_sequence_seconds, row.per_sequence_interval_seconds, row.sequences_per_second)):
+        if seconds is not None:
+            return f"; {seconds_estimate(seconds, interval)} per {unit} ({rate:.3g} {unit}s/s)"
     return ""
 
 
-def _collectives(row: dict) -> str:
+def _collectives(row: StepRow | RankRow) -> str:
     """A step's or rank's collectives, by the mechanisms the model names."""
-    calls, comm = row["collective_calls"], row["communication_seconds"]
+    calls, comm = row.collective_calls, row.communication_seconds
     if not calls:
         return "no collectives"
-    ring = row["communication_latency_seconds"] - row["communication_fixed_seconds"]
-    transfer = comm - row["communication_latency_seconds"]
-    hidden = row.get("communication_hidden_seconds", 0.0)
-    return (f"collectives {format_seconds(comm)} ({calls:g} calls: {format_seconds(row['communication_fixed_seconds'])} "
+    ring = row.communication_latency_seconds - row.communication_fixed_seconds
+    transfer = comm - row.communication_latency_seconds
+    hidden = row.communication_hidden_seconds
+    return (f"collectives {format_seconds(comm)} ({calls:g} calls: {format_seconds(row.communication_fixed_seconds)} "
             f"fixed cost, {format_seconds(ring)} ring steps, {format_seconds(transfer)} bytes on the links"
             + (f"; {format_seconds(hidden)} of it hidden under the backward" if hidden else "") + ")")
 
 
-def _work(row: dict) -> str:
-    return (f"compute {format_seconds(row['compute_seconds'])}, launches {format_seconds(row['launch_seconds'])} "
-            f"({row['eager_launches']:g} eager, {row['graph_launches']:g} graph), {_collectives(row)}")
+def _work(row: StepRow | RankRow) -> str:
+    return (f"compute {format_seconds(row.compute_seconds)}, launches {format_seconds(row.launch_seconds)} "
+            f"({row.eager_launches:g} eager, {row.graph_launches:g} graph), {_collectives(row)}")
 
 
 INTERVAL = "where AWS's published rows fell around the model, each held out"
 
 
 def time_lines(plan) -> list[str]:
-    t = plan.time or {}
-    if not t:
+    t = plan.time
+    if t is None:
         return []
-    slow = next((r for r in plan.ranks if r["rank"] == t["slowest_rank"]), plan.ranks[0])
+    slow = next((r for r in plan.ranks if r.rank == t.slowest_rank), plan.ranks[0])
     out = [f"time on {plan.nnodes} x {plan.instance} (LNC={plan.lnc}), an estimate: "
-           f"{seconds_estimate(t['step_seconds'], t['interval_seconds'])} per run of the program (the interval: "
-           f"{INTERVAL}); slowest rank {t['slowest_rank']}: {_work(slow)}"]
-    for name, row in t["steps"].items():
-        out.append(f"  step {name!r} x {row['count']}: {seconds_estimate(row['seconds'], row['interval_seconds'])} "
+           f"{seconds_estimate(t.step_seconds, t.interval_seconds)} per run of the program (the interval: "
+           f"{INTERVAL}); slowest rank {t.slowest_rank}: {_work(slow)}"]
+    for name, row in t.steps.items():
+        out.append(f"  step {name!r} x {row.count}: {seconds_estimate(row.seconds, row.interval_seconds)} "
                    f"per step{_rate(row)}; {_work(row)}")
-        if row["eager_launches"] >= 100:
-            out.append(f"    {row['eager_launches']:g} eager op launches per step: compiling the step "
+        if row.eager_launches >= 100:
+            out.append(f"    {row.eager_launches:g} eager op launches per step: compiling the step "
                        "(torch.compile(backend='neuron')) makes each graph one launch")
-    if not t["steps"]:
+    if not t.steps:
         out.append("  (the program marks no steps: with torch_neuronx.simulate.step('train', sequences=N) around "
                    "each step, the plan gives time per step and per sequence or token)")
     return out
@@ -82,39 +84,37 @@ def time_lines(plan) -> list[str]:
 
 def bounds_lines(plan) -> list[str]:
     """The details: each estimate's bounds, every collective hidden under the compute or none."""
-    t = plan.time or {}
-    if not t:
+    t = plan.time
+    if t is None:
         return []
-    out = [f"bounds of the run: {seconds_range(t['bounds_seconds'])} (every collective hidden under the compute, "
+    out = [f"bounds of the run: {seconds_range(t.bounds_seconds)} (every collective hidden under the compute, "
            "none hidden)"]
-    out += [f"  step {name!r}: {seconds_range(row['bounds_seconds'])}" for name, row in t["steps"].items()]
+    out += [f"  step {name!r}: {seconds_range(row.bounds_seconds)}" for name, row in t.steps.items()]
     return out
 
 
-def _rank_rows(plan) -> list[tuple[list[int], dict]]:
+def _rank_rows(plan) -> list[tuple[list[int], RankRow]]:
     """Ranks whose rows would read the same, grouped: (ranks, the first one's entry)."""
-    rows: dict[tuple, tuple[list[int], dict]] = {}
+    rows: dict[tuple, tuple[list[int], RankRow]] = {}
     for r in plan.ranks:
-        key = (r["node"] if len(plan.ranks) <= 64 else None, r["chip"] if len(plan.ranks) <= 64 else None,
-               r["peak_bytes"], r["collective_calls"], round(r["communication_seconds"], 12),
-               round(r["step_seconds"], 12), r["fits"])
-        rows.setdefault(key, ([], r))[0].append(r["rank"])
+        key = (r.node if len(plan.ranks) <= 64 else None, r.chip if len(plan.ranks) <= 64 else None,
+               r.peak_bytes, r.collective_calls, round(r.communication_seconds, 12), round(r.step_seconds, 12), r.fits)
+        rows.setdefault(key, ([], r))[0].append(r.rank)
     return list(rows.values())
 
 
 def _memory_lines(plan) -> list[str]:
     """HBM per rank, the divergence error if any, and each rank over its HBM with where it crossed."""
     cap = plan.capacity_bytes
-    peaks = [r["peak_bytes"] for r in plan.ranks]
+    peaks = [r.peak_bytes for r in plan.ranks]
     out = [f"HBM per rank: {format_bytes(cap)}; peak {format_bytes(min(peaks))} to {format_bytes(max(peaks))}"]
     if plan.divergence:
-        out.append("ERROR " + plan.divergence["message"])
+        out.append("ERROR " + plan.divergence.message)
     for o in plan.over_capacity:
-        where = (f"crossed by a {format_bytes(o['allocation_bytes'])} allocation ({o['op']}) at "
-                 f"{o['line'] or o['site'] or 'an unknown line'}" if o["allocation_bytes"] else
+        where = (f"crossed by a {format_bytes(o.allocation_bytes)} allocation ({o.op}) at "
+                 f"{o.line or o.site or 'an unknown line'}" if o.allocation_bytes else
                  "where it crossed is not known (re-costed for a smaller HBM: run the simulation to find the line)")
-        out.append(f"OVER HBM: rank {o['rank']} peaks at {format_bytes(o['peak_bytes'])} > {format_bytes(cap)}; "
-                   f"{where}")
+        out.append(f"OVER HBM: rank {o.rank} peaks at {format_bytes(o.peak_bytes)} > {format_bytes(cap)}; {where}")
     return out
 
 
@@ -122,16 +122,16 @@ def _run_lines(plan) -> list[str]:
     """How the plan was made (re-costed, which ranks ran) and its process groups."""
     out = []
     sim = plan.simulation
-    sym = sim.get("symmetry") or {}
-    if sim.get("recosted_from"):
-        out.append(f"re-costed from {sim['recosted_from']} (recorded on {sim['recorded_on']}); nothing was run again")
-    if sym.get("used"):
-        out.append(f"ran {sim['script_runs']} of {plan.world_size} ranks (0 and the last): the program never used "
+    sym = sim.symmetry
+    if sim.recosted_from:
+        out.append(f"re-costed from {sim.recosted_from} (recorded on {sim.recorded_on}); nothing was run again")
+    if sym.used:
+        out.append(f"ran {sim.script_runs} of {plan.world_size} ranks (0 and the last): the program never used "
                    f"its rank and the last rank's record is rank 0's with its groups translated; the others are "
                    f"rank 0's relabelled (--all-ranks runs each)")
-    elif sym.get("why_every_rank_ran"):
-        out.append(f"ran every rank: {sym['why_every_rank_ran']}")
-    out.append("groups: " + "; ".join(f"{g['name']} = ranks {_ranks_shown(g['ranks'])} over {g['link']}" for g in plan.groups[:12])
+    elif sym.why_every_rank_ran:
+        out.append(f"ran every rank: {sym.why_every_rank_ran}")
+    out.append("groups: " + "; ".join(f"{g.name} = ranks {_ranks_shown(g.ranks)} over {g.link}" for g in plan.groups[:12])
                + (f"; ... {len(plan.groups) - 12} more" if len(plan.groups) > 12 else ""))
     return out
 
@@ -143,17 +143,17 @@ def _rank_table(plan) -> list[str]:
                f"{'time per run':>12}"]
     for members, r in _rank_rows(plan):
         spread = len(members) > 1 and len(plan.ranks) > 64  # a row of ranks on several nodes and chips
-        out.append(f"{id_ranges(members):>11} {'-' if spread else r['node']:>4} {'-' if spread else r['chip']:>4} "
-                   f"{format_bytes(r['peak_bytes']):>11} "
-                   f"{100 * r['peak_bytes'] / cap:>6.1f}% {r['collective_calls']:>11} "
-                   f"{format_seconds(r['communication_seconds']):>10} {format_seconds(r['step_seconds']):>12}"
-                   + ("" if r["fits"] else "  OVER"))
+        out.append(f"{id_ranges(members):>11} {'-' if spread else r.node:>4} {'-' if spread else r.chip:>4} "
+                   f"{format_bytes(r.peak_bytes):>11} "
+                   f"{100 * r.peak_bytes / cap:>6.1f}% {r.collective_calls:>11} "
+                   f"{format_seconds(r.communication_seconds):>10} {format_seconds(r.step_seconds):>12}"
+                   + ("" if r.fits else "  OVER"))
     first = plan.ranks[0] if plan.ranks else None
     if first:
         counted = Counter()
-        for c in first["collectives"]:
-            counted[(c["op"], c["group"], c["bytes"], c["line"])] += c["calls"]
-        out += ["", f"rank 0's collectives ({first['collective_calls']}), grouped:"]
+        for c in first.collectives:
+            counted[(c.op, c.group, c.bytes, c.line)] += c.calls
+        out += ["", f"rank 0's collectives ({first.collective_calls}), grouped:"]
         for (op, group, nbytes, line), n in sorted(counted.items(), key=lambda kv: -kv[1] * kv[0][2])[:20]:
             out.append(f"  {n:>4} x {op} of {format_bytes(nbytes)} on {group} at {line}")
         out += _overlap_lines(plan)
@@ -163,33 +163,33 @@ def _rank_table(plan) -> list[str]:
 def _overlap_lines(plan) -> list[str]:
     """Rank 0's backwards whose collectives run under their compute (DDP's buckets), each bucket in
     launch order with its bytes and line, and the time hidden."""
-    backwards = (plan.time or {}).get("backward_overlap") or []
+    backwards = plan.time.backward_overlap if plan.time is not None else []
     if not backwards:
         return []
     out = ["", "rank 0's collectives launched by the backward and run under it (DDP's gradient buckets), in "
                "launch order:"]
     for i, b in enumerate(backwards[:8]):
-        calls = b["calls"]
-        sizes = ", ".join(format_bytes(c["bytes"]) for c in calls[:12]) + (", ..." if len(calls) > 12 else "")
-        out.append(f"  backward {i + 1}{'' if b['step'] is None else ' of step ' + repr(b['step'])} at "
-                   f"{calls[0]['line']}: {len(calls)} x {calls[0]['op']} ({sizes}); "
-                   f"{format_seconds(b['hidden_seconds'])} hidden under the backward, "
-                   f"{format_seconds(b['exposed_seconds'])} after it")
+        calls = b.calls
+        sizes = ", ".join(format_bytes(c.bytes) for c in calls[:12]) + (", ..." if len(calls) > 12 else "")
+        out.append(f"  backward {i + 1}{'' if b.step is None else ' of step ' + repr(b.step)} at "
+                   f"{calls[0].line}: {len(calls)} x {calls[0].op} ({sizes}); "
+                   f"{format_seconds(b.hidden_seconds)} hidden under the backward, "
+                   f"{format_seconds(b.exposed_seconds)} after it")
     if len(backwards) > 8:
         out.append(f"  ... {len(backwards) - 8} more backwards (plan.json: time.backward_overlap)")
     return out
 
 
-class PlanFiles:
+class PlanFiles(Row):
     """What a structure plan and a numerics plan (dataclasses whose last two fields are ``schema`` and
     ``mode``) share as a result (``runtime.outputs.Result``): their files plan.json (:meth:`to_dict`),
-    plan.txt and plan.html."""
+    plan.txt and plan.html; ``from_dict`` reads a plan.json back."""
     stem: ClassVar[str] = "plan"
 
     def to_dict(self) -> dict:
-        """plan.json: the fields, schema and mode first."""
+        """plan.json: the fields, schema and mode first, each row as its dict."""
         fields = [f.name for f in dataclasses.fields(self)]
-        return {name: getattr(self, name) for name in ["schema", "mode", *fields[:-2]]}
+        return {name: jsonable(getattr(self, name)) for name in ["schema", "mode", *fields[:-2]]}
 
     def text(self) -> str:
         return text(self)
@@ -205,11 +205,11 @@ def text(plan) -> str:
         out.append(numerics_text(plan))
         return "\n".join(out) + "\n"
     out += time_lines(plan) + _memory_lines(plan) + _run_lines(plan) + _rank_table(plan)
-    t = plan.time or {}
-    out += ["", *bounds_lines(plan), "how the time is estimated: " + " ".join(t.get("assumptions", [])),
+    t = plan.time
+    out += ["", *bounds_lines(plan), "how the time is estimated: " + " ".join(t.assumptions if t else []),
             "what moves it: " + "; ".join(CHOICES),
-            "sources: " + "; ".join(t.get("sources", plan.communication["sources"])),
-            "not modelled: " + "; ".join(plan.communication["assumptions"]),
+            "sources: " + "; ".join(t.sources if t else plan.communication.sources),
+            "not modelled: " + "; ".join(plan.communication.assumptions),
             "cannot see: real link timing and contention, EFA and placement-group setup, the compiler's scheduling "
             "inside a NEFF, the compiler's NEFFs and their memory, the runtime's own buffers beyond its fixed "
             "reservation"]
@@ -218,10 +218,10 @@ def text(plan) -> str:
 
 def numerics_text(plan) -> str:
     num = plan.numerics
-    lines = [f"numerics: {'PASS' if num['ok'] else 'FAIL'} against one device ({num['tolerance']})"]
-    for name, row in num["outputs"].items():
-        lines.append(f"  {name}: max |difference| over ranks {row['max_abs_difference']:.3g} "
-                     f"({'ok' if row['ok'] else 'differs'}; worst rank {row['worst_rank']})")
+    lines = [f"numerics: {'PASS' if num.ok else 'FAIL'} against one device ({num.tolerance})"]
+    for name, row in num.outputs.items():
+        lines.append(f"  {name}: max |difference| over ranks {row.max_abs_difference:.3g} "
+                     f"({'ok' if row.ok else 'differs'}; worst rank {row.worst_rank})")
     return "\n".join(lines)
 
 
@@ -237,11 +237,11 @@ def page(plan) -> str:
     if plan.mode != "numerics":
         cap = plan.capacity_bytes
         rows = "".join(
-            f"<tr class='{'over' if not r['fits'] else ''}'><td>{e(id_ranges(members))}</td><td>{r['node']}</td>"
-            f"<td>{r['chip']}</td><td>{e(format_bytes(r['peak_bytes']))}</td><td><div class='bar'><div style='width:"
-            f"{min(100, 100 * r['peak_bytes'] / cap):.1f}%'></div></div></td><td>{r['collective_calls']}</td>"
-            f"<td>{e(format_seconds(r['communication_seconds']))}</td>"
-            f"<td>{e(seconds_estimate(r['step_seconds'], r['step_interval_seconds']))}</td></tr>"
+            f"<tr class='{'over' if not r.fits else ''}'><td>{e(id_ranges(members))}</td><td>{r.node}</td>"
+            f"<td>{r.chip}</td><td>{e(format_bytes(r.peak_bytes))}</td><td><div class='bar'><div style='width:"
+            f"{min(100, 100 * r.peak_bytes / cap):.1f}%'></div></div></td><td>{r.collective_calls}</td>"
+            f"<td>{e(format_seconds(r.communication_seconds))}</td>"
+            f"<td>{e(seconds_estimate(r.step_seconds, r.step_interval_seconds))}</td></tr>"
             for members, r in _rank_rows(plan))
         body.append("<table><tr><th>ranks</th><th>node</th><th>chip</th><th>peak</th><th>of "
                     f"{e(format_bytes(cap))}</th><th>collectives</th><th>communication</th><th>time per run</th></tr>"

@@ -8,10 +8,22 @@ read), so the marks stay in the program that runs on Trainium.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+
+from torch_neuronx.runtime.rows import Row
 
 # The recorder of the rank being simulated, while it records (simulate/recorder.py sets it): it
 # takes the steps, and the calls of compiled graphs (simulate/compiled.py).
 recording = None
+
+
+@dataclass
+class StepCount(Row):
+    """A step name's calls in a rank's record (RankRecord.steps), and what each processes."""
+
+    count: int
+    tokens: int | None
+    sequences: int | None
 
 
 def _count(value, what: str) -> int | None:

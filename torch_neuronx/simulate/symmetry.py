@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from torch_neuronx.runtime import frames
+from torch_neuronx.runtime.rows import jsonable
 
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 MAX_NOTES = 20
@@ -267,8 +268,8 @@ def relabel_lightly(record, rank: int, tiling: Tiling):
 def same_record(a, b) -> str | None:
     """None when two records agree, else the first difference (for the plan)."""
     for field in ("peak_bytes", "allocations", "error", "error_line", "work", "launches", "steps"):
-        if getattr(a, field) != getattr(b, field):
-            return f"{field}: {getattr(a, field)} vs {getattr(b, field)}"
+        if getattr(a, field) != getattr(b, field):  # shown as the plan's JSON holds them (steps: their dicts)
+            return f"{field}: {jsonable(getattr(a, field))} vs {jsonable(getattr(b, field))}"
     if (a.over is None) != (b.over is None) or (a.over and (a.over.line, a.over.bytes_live) !=
                                                 (b.over.line, b.over.bytes_live)):
         return "the allocation over HBM"
