@@ -154,11 +154,6 @@ def label(row: Row) -> str:
     return f"{row.name} {value}, {row.instance.split(' (')[0].split(',')[0]}, {row.parallelism.split(' (')[0]}"
 
 
-def seconds(row: Row, steps: dict) -> float:
-    """The seconds of one step ``row`` is read from (a plan's time.steps): the point estimate."""
-    return steps[row.step]["seconds"]
-
-
 def value(row: Row, step_seconds: float) -> float:
     """The row's quantity from its step's seconds: a decode step is one token, a prefill the first
     token, a training step the global batch of sequences."""
