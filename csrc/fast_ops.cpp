@@ -390,6 +390,14 @@ std::tuple<at::Tensor, at::Tensor> sdpa_flash_for_cpu(const at::Tensor& q, const
   return flash_on_host(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale);
 }
 
+// The fused op's philox state: zero (CPU's flash attention draws nothing); no op calls, so profiles
+// show CPU's ops and the fused one only.
+at::Tensor zero_philox_state() {
+  at::Tensor state = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+  *state.data_ptr<int64_t>() = 0;
+  return state;
+}
+
 // TorchNeuron's fused attention op (chosen for 4-D inputs by fused_sdp_choice), computed by CPU's
 // flash kernel, which CPU's SDPA would have run: the same values, under the op DTensor can shard.
 // Its outputs beyond the values are what its meta function gives: no varlen offsets, zero philox
@@ -401,13 +409,33 @@ sdpa_overrideable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   std::optional<double> scale) {
   CallContext ctx("aten::_scaled_dot_product_fused_attention_overrideable");
   auto [out, logsumexp] = flash_on_host(ctx, q, k, v, attn_bias, dropout_p, is_causal, scale);
-  auto zero = [&] {  // no op calls: profiles show CPU's ops and this one
-    at::Tensor state = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
-    *state.data_ptr<int64_t>() = 0;
-    return ctx.to_neuron(state);
-  };
-  return {out, logsumexp, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), zero(), zero(),
-          at::Tensor()};
+  return {out, logsumexp, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)),
+          ctx.to_neuron(zero_philox_state()), ctx.to_neuron(zero_philox_state()), at::Tensor()};
+}
+
+// On CPU tensors: a compiled graph runs on the host's aliases, and a graph traced with this op (a
+// DTensor's: its fake tensors ask neuron's choice) calls it with them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
+           at::Tensor>
+sdpa_overrideable_on_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal, bool,
+                         std::optional<double> scale) {
+  auto [out, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
+                                                                              attn_bias, scale);
+  return {out, logsumexp, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)),
+          zero_philox_state(), zero_philox_state(), at::Tensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward_on_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& attn_bias, std::array<bool, 4>, const at::Tensor& out, const at::Tensor& logsumexp,
+    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
+    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  std::optional<at::Tensor> bias;
+  if (attn_bias.defined()) bias = attn_bias;
+  auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, logsumexp,
+                                                                                   dropout_p, is_causal, bias, scale);
+  return {gq, gk, gv, at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
@@ -482,6 +510,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_overrideable));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_overrideable_backward));
   m.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(sdpa_flash_for_cpu));
+}
+
+TORCH_LIBRARY_IMPL(aten, CPU, m) {
+  m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_overrideable_on_cpu));
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_overrideable_backward_on_cpu));
 }
 
 }  // namespace neuron

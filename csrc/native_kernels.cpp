@@ -165,11 +165,12 @@ at::Tensor sparse_compressed_to_copy(const at::Tensor& self, std::optional<c10::
 
 // CPU's choice, under TorchNeuron's name where it registers its own: for 4-D query, key and value
 // its _fused_sdp_choice takes the fused overrideable op (which DTensor can shard), computed here by
-// CPU's flash kernel; so only where CPU would run that kernel. A traced graph (fake tensors, whose
-// storage is on meta, or functional ones) keeps CPU's choice: each executor lowers attention in its
-// own way. A DTensor asks with its local tensors, or as a wrapper of none.
+// CPU's flash kernel; so only where CPU would run that kernel. Functional tensors and wrappers without
+// storage (a graph being traced) keep CPU's choice: each executor lowers attention its own way. A
+// DTensor's fake local tensors cannot be told from an eager call's: a graph traced from DTensors holds
+// the fused op, which fast_ops.cpp also runs on CPU tensors (the host's aliases a graph runs on).
 bool traced(const at::Tensor& t) {
-  return t.key_set().has(c10::DispatchKey::Functionalize) || (t.has_storage() && t.storage().device().is_meta());
+  return !t.has_storage() || t.storage().device().is_meta() || t.key_set().has(c10::DispatchKey::Functionalize);
 }
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

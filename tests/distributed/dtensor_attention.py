@@ -1,7 +1,7 @@
 """Run under torchrun (2 processes): SDPA of DTensors on neuron runs TorchNeuron's fused attention op
 (_scaled_dot_product_fused_attention_overrideable), which DTensor shards by the heads, the batch, or
 not at all, with no collective, forward and backward; the values and gradients are CPU's (the oracle),
-bit for bit. Each rank writes "<rank> ok" to RESULT_DIR. Used by tests/test_attention.py."""
+bit for bit, eager and compiled. Each rank writes "<rank> ok" to RESULT_DIR. Used by tests/test_attention.py."""
 import os
 
 import torch
@@ -39,6 +39,13 @@ for placement in (Shard(1), Shard(0), Replicate()):
         for leaf, cpu in zip(leaves, (q, k, v)):
             assert leaf.grad.placements == (placement,)
             assert torch.equal(leaf.grad.full_tensor().cpu(), cpu.grad), placement
+
+# Compiled: the graph traced from DTensors holds the fused op, which runs on the host's aliases.
+q, k, v = (torch.randn(4, 6, 8, 8) for _ in range(3))
+attention = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), backend="neuron")
+out = attention(*(distribute_tensor(t.to("neuron"), mesh, [Shard(1)]) for t in (q, k, v)))
+assert out.placements == (Shard(1),)
+assert torch.equal(out.full_tensor().cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.txt"), "w") as f:
     f.write(f"{rank} ok")
