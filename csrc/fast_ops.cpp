@@ -431,6 +431,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_bac
     const at::Tensor& attn_bias, std::array<bool, 4>, const at::Tensor& out, const at::Tensor& logsumexp,
     const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
     const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  // CPU's gradient of its flash kernel (no gradient for the mask, as there).
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) bias = attn_bias;
   auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, logsumexp,
@@ -440,19 +441,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_bac
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& attn_bias, std::array<bool, 4>, const at::Tensor& out, const at::Tensor& logsumexp,
-    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
-    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+    const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor& cum_seq_q, const at::Tensor& cum_seq_k, c10::SymInt max_q,
+    c10::SymInt max_k, double dropout_p, bool is_causal, const at::Tensor& philox_seed,
+    const at::Tensor& philox_offset, std::optional<double> scale) {
   CallContext ctx("aten::_scaled_dot_product_fused_attention_overrideable_backward");
   auto cg = ctx.alias(grad_out), cq = ctx.alias(q), ck = ctx.alias(k), cv = ctx.alias(v);
-  auto co = ctx.alias(out), cl = ctx.alias(logsumexp);
-  std::optional<at::Tensor> cb;
-  if (attn_bias.defined()) cb = ctx.alias(attn_bias);
+  auto co = ctx.alias(out), cl = ctx.alias(logsumexp), cb = ctx.alias(attn_bias);
   ctx.check_devices();
-  // CPU's gradient of its flash kernel (no gradient for the mask, as there).
-  auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(cg, cq, ck, cv, co, cl, dropout_p,
-                                                                                   is_causal, cb, scale);
-  return {ctx.to_neuron(gq), ctx.to_neuron(gk), ctx.to_neuron(gv), at::Tensor()};
+  auto [gq, gk, gv, gb] = sdpa_overrideable_backward_on_cpu(cg, cq, ck, cv, cb, grad_input_mask, co, cl, cum_seq_q,
+                                                            cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                                            philox_seed, philox_offset, scale);
+  return {ctx.to_neuron(gq), ctx.to_neuron(gk), ctx.to_neuron(gv), gb};
 }
 
 }  // namespace
