@@ -8,6 +8,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
+#include <memory>
 
 namespace neuron {
 
@@ -48,6 +49,18 @@ bool allocated_since_clear();
 int64_t register_named_ops(const std::vector<std::string>& names);
 // Whether this thread is inside such an op (its parts are observed, not counted).
 bool inside_named_op();
+// One call of a kernel of ours that runs its op's parts on neuron tensors: counted under `op_name`
+// when it ends, the parts observed, not counted (as run_named does for a composite).
+class NamedCall {
+ public:
+  explicit NamedCall(const char* op_name);
+  ~NamedCall();
+  NamedCall(const NamedCall&) = delete;
+  NamedCall& operator=(const NamedCall&) = delete;
+
+ private:
+  std::unique_ptr<CallContext> ctx_;
+};
 // A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
 // or DTensor wrapper): an autograd-level kernel sees it before that layer does.
 bool wrapped_by_python(const at::Tensor& t);

@@ -74,6 +74,16 @@ void run_named(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 bool inside_named_op() { return t_named_depth > 0; }
 
+NamedCall::NamedCall(const char* op_name) : ctx_(std::make_unique<CallContext>(op_name)) {
+  ctx_->set_count_only();
+  ++t_named_depth;
+}
+
+NamedCall::~NamedCall() {
+  --t_named_depth;  // first: the call itself is counted when its context ends
+  ctx_.reset();
+}
+
 bool wrapped_by_python(const at::Tensor& t) {
   return t.defined() &&
          t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));

@@ -48,7 +48,8 @@ def test_where_cpu_would_not_run_its_flash_kernel_neuron_runs_cpus_route():
     assert FUSED not in torch_neuronx.get_executed_ops()
 
 
-def test_dtensor_shards_the_fused_op_by_heads_or_batch_with_cpus_values(tmp_path):
-    r = isolated.torchrun(os.path.join(HERE, "distributed", "dtensor_attention.py"), 2, RESULT_DIR=str(tmp_path))
+def test_dtensor_shards_torchneurons_fused_ops_with_cpus_values(tmp_path):
+    """Attention here, rms_norm too (one torchrun for both; see tests/test_rms_norm.py)."""
+    r = isolated.torchrun(os.path.join(HERE, "distributed", "dtensor_fused_ops.py"), 2, RESULT_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr[-4000:]
     assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == ["0 ok", "1 ok"]
