@@ -93,6 +93,10 @@ void check_mm_operands(const at::Tensor& a, const at::Tensor& b);
 // A new neuron tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg/zero bits) of `like`.
 at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like);
+// checkpoint_pages.cpp: a neuron tensor over the same file pages (private, copy-on-write) as `source`,
+// a CPU tensor that a private mapping of a checkpoint file holds; undefined when it is not one (or is
+// too small to be worth it), for the caller to copy instead.
+at::Tensor map_checkpoint_pages(const at::Tensor& source, c10::DeviceIndex device);
 // The DataPtr of a CPU alias of a neuron storage's bytes; it holds a reference on that storage.
 c10::DataPtr host_alias_data(c10::StorageImpl* neuron_storage);
 // The neuron storage whose bytes a CPU alias storage (made by host_alias_data) is over, or null.

@@ -99,6 +99,16 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   if (to_neuron) {
     check_strided(layout, "to");
     ctx.set_output_device(device.has_value() ? device->index() : self.device().index());
+    const bool same_bytes = self.is_cpu() && (!dtype.has_value() || *dtype == self.scalar_type()) &&
+                            memory_format.value_or(at::MemoryFormat::Preserve) != at::MemoryFormat::ChannelsLast &&
+                            memory_format.value_or(at::MemoryFormat::Preserve) != at::MemoryFormat::ChannelsLast3d;
+    if (same_bytes) {
+      at::Tensor mapped = map_checkpoint_pages(self, ctx.output_device());
+      if (mapped.defined()) {
+        ctx.observe_result(mapped);
+        return mapped;
+      }
+    }
   }
   auto result = at::_to_copy(cpu_self, dtype, layout, c10::Device(c10::DeviceType::CPU),
                              to_neuron ? std::nullopt : pin_memory, non_blocking, memory_format);

@@ -5,7 +5,7 @@ import torch
 
 from torch_neuronx import distributed, neuron, python_ops
 from torch_neuronx.interop import distribution_alias, dlpack, dynamo_rules, ecosystem_errors, threads
-from torch_neuronx.runtime import BACKEND_NAME, core, warn_once
+from torch_neuronx.runtime import BACKEND_NAME, checkpoint_pages, core, warn_once
 
 # TorchNeuron's torch.neuron aliases of the compiler's metrics, imported on first use (the
 # compiler loads torch._dynamo, which `import torch` should not pay for).
@@ -72,6 +72,7 @@ def register(on_conflict: str = "raise") -> bool:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
     neuron.install(NEURON_ALIASES, package=PACKAGE)
     python_ops.install()
+    checkpoint_pages.install()
     for adaptation in (threads, dlpack, distribution_alias, ecosystem_errors, dynamo_rules):
         adaptation.install()
     distributed.install()
