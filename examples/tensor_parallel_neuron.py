@@ -12,6 +12,8 @@ from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel, TensorParalle
 from torch.distributed.device_mesh import DeviceMesh
 
 from torch_neuronx.demo.pipelines import argument_parser, model_source
+from torch_neuronx.runtime import host_memory
+from torch_neuronx.runtime.units import format_bytes
 
 args = argument_parser(__doc__).parse_args()
 
@@ -30,4 +32,7 @@ image = pipe(prompt="a golden retriever surfing a wave, photorealistic",
              height=args.height, width=args.width, num_inference_steps=args.steps).images[0]
 if dist.get_rank() == 0:
     image.save(args.output)
+own, shared = host_memory.resident_bytes()  # a checkpoint's pages are shared by the ranks that map them
+print(f"rank {dist.get_rank()}: host memory {format_bytes(own)} of its own, {format_bytes(shared)} of shared "
+      f"file pages; {format_bytes(torch.neuron.max_memory_allocated())} peak on {device}")
 dist.destroy_process_group()

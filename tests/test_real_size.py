@@ -85,18 +85,24 @@ def test_a_checkpoint_too_large_for_the_hosts_processes_is_refused_before_loadin
 
     one = sum(pipelines._component_bytes(reduced_path).values())
     processes = host_memory.available_bytes() // one + 2
+    # Copying every weight into each process (mapping the checkpoint's pages turned off).
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "eager_neuron.py"), "--model", reduced_path],
-                       env=environment(LOCAL_WORLD_SIZE=str(processes)), capture_output=True, text=True, timeout=300)
+                       env=environment(LOCAL_WORLD_SIZE=str(processes), TORCH_NEURONX_MAP_CHECKPOINTS="0"),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "HostMemoryError" in r.stderr, r.stderr[-3000:]
     message = r.stderr.strip().splitlines()[-1]
     assert f"in {processes} process(es) on this host" in message and "available" in message
     assert "torchrun --nproc_per_node" in message and "transformer" in message
-    # Sharding the transformer over the ranks counts only a rank's part of it.
+    # Sharding the transformer over the ranks counts only a rank's part of it; the components loaded
+    # whole stay in the checkpoint's pages, which the processes share: counted once.
     sizes = pipelines._component_bytes(reduced_path)
-    r = run(f"from torch_neuronx.demo.pipelines import check_fits_host; check_fits_host({reduced_path!r}, "
-            "('transformer',))", LOCAL_WORLD_SIZE="2", WORLD_SIZE="2")
-    fits = 2 * (one - sizes["transformer"] // 2) < host_memory.available_bytes() * 0.9
-    assert (r.returncode == 0) == fits, r.stderr
+    check = f"from torch_neuronx.demo.pipelines import check_fits_host; check_fits_host({reduced_path!r}, ('transformer',))"
+    for mapped, need in (("0", 2 * (one - sizes["transformer"] // 2)),
+                         ("1", 2 * (sizes["transformer"] // 2) + one - sizes["transformer"])):
+        r = run(check, LOCAL_WORLD_SIZE="2", WORLD_SIZE="2", TORCH_NEURONX_MAP_CHECKPOINTS=mapped)
+        assert (r.returncode == 0) == (need < host_memory.available_bytes() * 0.9), (mapped, r.stderr)
+    r = run(check.replace("('transformer',)", "()"), LOCAL_WORLD_SIZE=str(processes))
+    assert r.returncode == (0 if one < host_memory.available_bytes() * 0.9 else 1), r.stderr
 
 
 def test_a_disk_without_room_is_refused(tmp_path):

@@ -31,10 +31,12 @@ def test_eager_program_draws_what_cpu_draws(tmp_path, cpu_image):
 
 def test_tensor_parallel_program_on_two_cores_draws_what_one_core_draws(tmp_path, cpu_image):
     script = os.path.join(ROOT, "examples", "tensor_parallel_neuron.py")
-    program(["-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-             "--rdzv-endpoint=localhost:0", script, *SIZE, "--output", str(tmp_path / "tp.png")], tmp_path)
+    r = program(["-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
+                 "--rdzv-endpoint=localhost:0", script, *SIZE, "--output", str(tmp_path / "tp.png")], tmp_path)
     image = np.asarray(Image.open(tmp_path / "tp.png"), dtype=np.int16)
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
+    for rank in (0, 1):  # each rank says what the host holds for it: its own memory, the shared file pages
+        assert re.search(rf"rank {rank}: host memory \S+ \S+ of its own, \S+ \S+ of shared file pages", r.stdout), r.stdout
 
 
 @pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)

@@ -18,7 +18,7 @@ import torch
 from torch_neuronx.demo import real_size
 from torch_neuronx.demo.publish import publish_once
 from torch_neuronx.demo.tokenizer import byte_level_tokenizer
-from torch_neuronx.runtime import host_memory
+from torch_neuronx.runtime import checkpoint_pages, host_memory
 from torch_neuronx.runtime.units import format_bytes
 
 REAL_MODEL = "black-forest-labs/FLUX.2-klein-4B"
@@ -116,14 +116,19 @@ def _component_bytes(path: str) -> dict[str, int]:
 
 
 def check_fits_host(path: str, sharded: tuple[str, ...] = ()) -> None:
-    """Raise HostMemoryError before loading when the processes of this host cannot all hold their part."""
+    """Raise HostMemoryError before loading when the processes of this host cannot all hold their part.
+    A component loaded whole stays in its checkpoint's pages, which every process maps (moving it to
+    neuron maps them again): counted once for the host. A rank's shard is its own memory."""
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sizes = _component_bytes(path)
-    per_process = sum(size // world if name in sharded else size for name, size in sizes.items())
-    parts = ", ".join(f"{name} {format_bytes(size)}" + (f" / {world} ranks" if name in sharded else "")
+    mapped = checkpoint_pages.enabled()
+    per_process = sum(size // world if name in sharded else 0 if mapped else size for name, size in sizes.items())
+    shared = sum(size for name, size in sizes.items() if name not in sharded) if mapped else 0
+    parts = ", ".join(f"{name} {format_bytes(size)}" + (f" / {world} ranks" if name in sharded else
+                                                         " shared" if mapped else "")
                       for name, size in sizes.items() if size)
-    host_memory.require(processes * per_process,
+    host_memory.require(processes * per_process + shared,
                         f"loading {path} ({parts}) in {processes} process(es) on this host",
                         "run fewer processes on this host (torchrun --nproc_per_node), shard more of the model, "
                         "use a host with more memory, or leave --model out for the small pipeline")

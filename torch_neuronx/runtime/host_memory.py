@@ -76,6 +76,18 @@ def require_disk(directory: str, needed: int, what: str, fix: str) -> None:
                               f"{format_bytes(free)} free. To fix: {fix}.")
 
 
+def resident_bytes() -> tuple[int, int]:
+    """This process's resident memory now: its own (RssAnon: what it wrote or allocated) and file pages
+    (RssFile: a mapped checkpoint's, shared with every process mapping the same file)."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values["RssAnon"], values["RssFile"]
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM): every byte it touched at once, file pages included."""
     with open("/proc/self/status") as f:
