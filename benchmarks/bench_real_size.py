@@ -15,6 +15,11 @@ Each part runs in a fresh child process of its own, so its memory peaks are its 
   memory against its shard plus the replicated parts, then one CPU process runs the same step on
   the whole transformer, the oracle of rank 0's output.
 - large: the seed's call at 1024x1024 with 4 steps, once on neuron and once on CPU (measured).
+- load: ``from_pretrained`` to the first image, each in a process of its own, on neuron (the
+  checkpoint's pages mapped by ``.to("neuron")``), on neuron copying them
+  (``TORCH_NEURONX_MAP_CHECKPOINTS=0``, as before) and on CPU, with the checkpoint's pages evicted from
+  the page cache first (cold: ``posix_fadvise(DONTNEED)``) or read into it (warm), alternating round by
+  round: the load, the move and the first call's seconds, and the process's own memory.
 - cold: the transformer alone compiled by ``backend="neuron"`` and by Inductor, each in a process of
   its own with empty caches (in one process the second compile would reuse the first one's kernels),
   alternating round by round: the compile (the first step less a later one) and the memory the
@@ -23,7 +28,7 @@ Each part runs in a fresh child process of its own, so its memory peaks are its 
 Memory: the anonymous peak (what the process owns) and the resident peak (VmHWM), which also
 counts pages of the checkpoint files the loaders map, the kernel's reclaimable page cache.
 
-    python benchmarks/bench_real_size.py [--json PATH] [--parts eager,compiled,tp,large,cold] [--size 256]
+    python benchmarks/bench_real_size.py [--json PATH] [--parts eager,compiled,tp,large,cold,load] [--size 256]
         [--steps 1] [--rounds 3] [--ranks 4]
 """
 import argparse
@@ -40,7 +45,8 @@ common.apply_malloc_env()
 
 import targets  # noqa: E402
 
-PARTS = ("eager", "compiled", "tp", "large", "cold")
+PARTS = ("eager", "compiled", "tp", "large", "cold", "load")
+LOAD_VARIANTS = ("neuron", "cpu", "neuron-copy")
 COLD_BACKENDS = ("neuron", "inductor")
 CHILD_MARK = "BENCH_REAL_SIZE_RESULT "
 CHILD_TIMEOUT_S = 3600
@@ -267,6 +273,60 @@ def _host_total():
     return host_memory.total_bytes()
 
 
+# ---------------------------------------------------------------- from_pretrained to first image (children)
+
+def _checkpoint_files(path):
+    return [os.path.join(root, f) for root, _, files in os.walk(path) for f in files if f.endswith(".safetensors")]
+
+
+def _page_cache(path, cold):
+    """Evict the checkpoint's pages from the page cache (cold) or read them all into it (warm)."""
+    for name in _checkpoint_files(path):
+        with open(name, "rb") as f:
+            if cold:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                while f.read(1 << 24):
+                    pass
+
+
+def run_load(opts, variant, cache):
+    import torch
+    from diffusers import Flux2KleinPipeline
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    torch.set_grad_enabled(False)
+    path = real_size_random_path(depth=depth(opts))
+    if variant == "neuron-copy":
+        torch.ops.neuron._set_map_checkpoints(False)
+    _page_cache(path, cache == "cold")
+    peaks = parts.MemoryPeaks()
+    times, start = {}, time.perf_counter()
+    pipe = Flux2KleinPipeline.from_pretrained(path, dtype=torch.bfloat16)
+    pipe.set_progress_bar_config(disable=True)
+    times["from_pretrained_s"] = time.perf_counter() - start
+    pipe.to("cpu" if variant == "cpu" else "neuron")
+    times["to_s"] = time.perf_counter() - start - times["from_pretrained_s"]
+    image = parts.generate(pipe, opts.size, opts.steps)
+    times["total_s"] = time.perf_counter() - start
+    emit({**times, **peaks.peaks(), "image_sum": float(image.astype("float64").sum()),
+          "mapped_blocks": int(torch.ops.neuron._checkpoint_blocks())})
+
+
+def load_part(opts, cache_dir):
+    samples = {cache: {v: [] for v in LOAD_VARIANTS} for cache in ("cold", "warm")}
+    for r in range(opts.rounds):
+        for cache in ("cold", "warm"):
+            for variant in common.round_order(list(LOAD_VARIANTS), r):
+                result = spawn("load-one", opts, cache_dir, ["--_backend", f"{variant}:{cache}"])
+                if "error" in result:
+                    return result
+                samples[cache][variant].append(result)
+    return {"samples": samples, "size": opts.size, "steps": opts.steps, "depth": opts.depth}
+
+
 # ---------------------------------------------------------------- parent: run, report
 
 def parse(argv=None):
@@ -295,6 +355,8 @@ def run_parts(opts):
                 results[part] = tp_part(opts, cache_dir)
             elif part == "cold":
                 results[part] = cold_part(opts, cache_dir)
+            elif part == "load":
+                results[part] = load_part(opts, cache_dir)
             elif part == "large":
                 results[part] = spawn("eager", large_options(opts), cache_dir)
             else:
@@ -315,6 +377,8 @@ def main():
         return run_tp_reference(opts, opts._out)
     if opts._part == "cold-compile":
         return run_cold_compile(opts, opts._backend)
+    if opts._part == "load-one":
+        return run_load(opts, *opts._backend.split(":"))
     import real_size_report as report
 
     load, start = common.load_average(), time.perf_counter()

@@ -10,6 +10,7 @@ PHASE_TARGET = 1.05  # eager neuron / CPU, per phase
 # the ratio is 1 up to the rounds' noise; the band the other compiled targets use.
 COMPILED_TARGET = 1.03
 MEMORY_TARGET = 1.10  # the anonymous peak over the weights
+LOAD_TARGET = 1.05  # from_pretrained to the first image, neuron / CPU (issue 50)
 
 
 def large_options(opts):
@@ -39,6 +40,10 @@ def target_entries(results, target):
     if "ratios" in compiled:
         entries.append(target("real size compiled step neuron / Inductor CPU", compiled["ratios"]["step"],
                               COMPILED_TARGET))
+    for cache, by_variant in results.get("load", {}).get("samples", {}).items():
+        entries.append(target(f"real size from_pretrained to first image, {cache} page cache, neuron / CPU",
+                              [n["total_s"] / c["total_s"] for n, c in zip(by_variant["neuron"], by_variant["cpu"])],
+                              LOAD_TARGET))
     if "ranks" in tp:
         entries.append(target("real size tp: sum of rank peaks / host memory", [tp["sum_anon_peak"] / tp["host_total"]],
                               1.0))
@@ -139,6 +144,26 @@ def _cold_lines(cold):
             f"the loaded weights: neuron {_gb(added['neuron'])}, Inductor {_gb(added['inductor'])}."]
 
 
+def _load_lines(load):
+    if "error" in load:
+        return [f"**from_pretrained to first image**: failed ({load['error']})."]
+    rows = []
+    for cache, by_variant in load["samples"].items():
+        med = {v: {k: statistics.median(s[k] for s in samples) for k in ("from_pretrained_s", "to_s", "total_s")}
+               for v, samples in by_variant.items()}
+        anon = {v: max(s["anon_peak"] for s in samples) for v, samples in by_variant.items()}
+        ratios = [n["total_s"] / c["total_s"] for n, c in zip(by_variant["neuron"], by_variant["cpu"])]
+        for v in by_variant:
+            rows.append([cache, v, f"{med[v]['from_pretrained_s']:.2f}", f"{med[v]['to_s']:.2f}",
+                         f"{med[v]['total_s']:.2f}", _gb(anon[v]),
+                         f"{statistics.median(ratios):.3f}" if v == "neuron" else ""])
+    header = "| page cache | run | from_pretrained s | .to s | to first image s | own memory peak | neuron / CPU |"
+    return [f"**from_pretrained to first image** ({load['size']}x{load['size']}, {load['steps']} step(s), depth "
+            f"{load['depth']}; each run a process of its own; medians of {len(load['samples']['cold']['cpu'])} "
+            "round(s); the ratio is the median of the rounds' ratios):", "", header,
+            "|---|---|---:|---:|---:|---:|---:|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def markdown(results, opts, conditions):
     lines = [f"{conditions}.", ""]
     if "eager" in results:
@@ -153,6 +178,8 @@ def markdown(results, opts, conditions):
         lines += _activation_lines(results["large"]) + [""]
     if "cold" in results:
         lines += _cold_lines(results["cold"]) + [""]
+    if "load" in results:
+        lines += _load_lines(results["load"]) + [""]
     if "tp" in results:
         lines += _tp_lines(results["tp"], opts)
     return "\n".join(lines).rstrip()
