@@ -1,5 +1,5 @@
 // Neuron storage over a checkpoint's pages. A CPU tensor that safetensors (or torch.load(mmap=True))
-// left in a private mapping of its file is moved to neuron by mapping the same file pages privately
+// left in a private mapping of its file (torch's MapAllocator, or a slice of its storage) is moved to neuron by mapping the same file pages privately
 // again, copy-on-write: no byte is copied, N processes on a host share one copy in the page cache, and
 // a write copies only the page it touches. The device's accounting still charges the full bytes, as
 // HBM on Trainium would hold them.
@@ -17,6 +17,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <ATen/MapAllocator.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -129,6 +130,24 @@ bool pages_unmodified(uintptr_t address, size_t nbytes) {
   return clean;
 }
 
+// The deleter of a slice of a Python storage (UntypedStorage[a:b]), whose context is the storage it
+// slices: safetensors hands each tensor such a slice of its file's mapping. Read at install.
+std::atomic<c10::DeleterFnPtr> g_slice_deleter{nullptr};
+
+// Whether torch's own file mapping (MapAllocator: UntypedStorage.from_file, torch.load(mmap=True)) holds
+// this storage's bytes, directly or through slices. Any other storage is the process's own memory, copied
+// without reading /proc (which would cost a small move more than the copy).
+bool in_torch_file_mapping(const c10::StorageImpl* storage) {
+  const c10::DeleterFnPtr slice = g_slice_deleter.load(std::memory_order_relaxed);
+  for (int depth = 0; storage != nullptr && depth < 8; ++depth) {
+    const c10::DataPtr& data = storage->data_ptr();
+    if (at::MapAllocator::fromDataPtr(data) != nullptr) return true;
+    if (slice == nullptr || data.get_deleter() != slice) return false;
+    storage = static_cast<const c10::StorageImpl*>(data.get_context());
+  }
+  return false;
+}
+
 void first_mapping_made(const at::Tensor& source) {
   static std::once_flag once;
   std::call_once(once, [&] {
@@ -144,7 +163,8 @@ at::Tensor map_checkpoint_pages(const at::Tensor& source, c10::DeviceIndex devic
   const size_t nbytes = source.nbytes();
   if (!g_enabled.load(std::memory_order_relaxed) || nbytes < kMinBytes || !source.is_cpu() ||
       source.layout() != at::kStrided || !source.is_contiguous() || source.is_conj() || source.is_neg() ||
-      source._is_zerotensor() || !source.has_storage()) {
+      source._is_zerotensor() || !source.has_storage() ||
+      !in_torch_file_mapping(source.storage().unsafeGetStorageImpl())) {
     return at::Tensor();
   }
   const auto address = reinterpret_cast<uintptr_t>(source.const_data_ptr());
@@ -230,6 +250,9 @@ TORCH_LIBRARY_FRAGMENT(neuron, m) {
   m.def("_detach_checkpoint_pages(str path) -> int", &detach_checkpoint_pages);
   m.def("_checkpoint_blocks() -> int", &checkpoint_blocks);
   m.def("_set_map_checkpoints(bool enabled) -> ()", [](bool enabled) { g_enabled.store(enabled); });
+  m.def("_set_storage_slice_probe(Tensor probe) -> ()", [](const at::Tensor& probe) {
+    g_slice_deleter.store(probe.storage().data_ptr().get_deleter());
+  });
 }
 
 }  // namespace neuron

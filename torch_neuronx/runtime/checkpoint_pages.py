@@ -67,6 +67,9 @@ def _first_mapping(source) -> None:  # called by the core when it maps its first
 def install() -> None:
     global _library
     torch.ops.neuron._set_map_checkpoints(enabled())
+    # A storage slice, as safetensors hands out per tensor: the core recognizes slices by its deleter.
+    probe = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage(8)[0:4])
+    torch.ops.neuron._set_storage_slice_probe(probe)
     if _library is None:
         _library = torch.library.Library("neuron", "IMPL")
         _library.impl("_checkpoint_pages_mapped", _first_mapping, "CPU")
