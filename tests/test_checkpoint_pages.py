@@ -186,3 +186,18 @@ def test_from_pretrained_then_to_neuron_maps_the_weights_and_save_pretrained_kee
         assert torch.equal(model(x.to(N)).sample.cpu(), expected)
         model.save_pretrained(tmp_path)  # into the directory it was loaded from
         assert torch.equal(model(x.to(N)).sample.cpu(), expected)
+
+
+def test_torch_load_mmap_tensors_map_too_and_a_save_over_them_detaches(tmp_path):
+    r = isolated.run(f"""
+        import torch, torch_neuronx
+        path = {str(tmp_path / "weights.pt")!r}
+        torch.save({{"w": torch.arange(1 << 20, dtype=torch.float32)}}, path)
+        moved = torch.load(path, mmap=True)["w"].to("neuron")
+        assert torch.ops.neuron._checkpoint_blocks() == 1
+        torch.save({{"tiny": 1}}, path)  # truncates the file the tensor maps
+        assert torch.ops.neuron._checkpoint_blocks() == 0
+        assert torch.equal(moved.cpu(), torch.arange(1 << 20, dtype=torch.float32))
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
