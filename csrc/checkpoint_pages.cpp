@@ -1,7 +1,7 @@
 // Neuron storage over a checkpoint's pages. A CPU tensor that safetensors (or torch.load(mmap=True))
-// left in a private mapping of its file (torch's MapAllocator, or a slice of its storage) is moved to neuron by mapping the same file pages privately
-// again, copy-on-write: no byte is copied, N processes on a host share one copy in the page cache, and
-// a write copies only the page it touches. The device's accounting still charges the full bytes, as
+// left in a private mapping of its file (torch's MapAllocator, or a slice of its storage) is moved to
+// neuron by mapping the same file pages privately again, copy-on-write: no byte is copied, N processes
+// on a host share one copy in the page cache, and a write copies only the page it touches. The device's accounting still charges the full bytes, as
 // HBM on Trainium would hold them.
 //
 // Safety: the mapping is private, so writes through either tensor never reach the file or each other.
@@ -25,7 +25,6 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <unordered_set>
 #include <vector>

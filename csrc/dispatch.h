@@ -64,6 +64,8 @@ class NamedCall {
 // A tensor that a Python layer stands in front of (a FakeTensor while Dynamo traces, a functional
 // or DTensor wrapper): an autograd-level kernel sees it before that layer does.
 bool wrapped_by_python(const at::Tensor& t);
+// A FakeTensor (its storage is on meta) or a functional tensor: a graph is being traced through it.
+bool fake_or_functional(const at::Tensor& t);
 // Records `calls` calls of aten op `name` for op tracking (a python_ops kernel's call); each observed
 // with the tensors given, if any.
 void track_op(const std::string& name, const std::vector<at::Tensor>& inputs = {},

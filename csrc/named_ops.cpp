@@ -84,6 +84,10 @@ NamedCall::~NamedCall() {
   ctx_.reset();
 }
 
+bool fake_or_functional(const at::Tensor& t) {
+  return (t.has_storage() && t.storage().device().is_meta()) || t.key_set().has(c10::DispatchKey::Functionalize);
+}
+
 bool wrapped_by_python(const at::Tensor& t) {
   return t.defined() &&
          t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));

@@ -180,7 +180,7 @@ at::Tensor sparse_compressed_to_copy(const at::Tensor& self, std::optional<c10::
 // DTensor's fake local tensors cannot be told from an eager call's: a graph traced from DTensors holds
 // the fused op, which fast_ops.cpp also runs on CPU tensors (the host's aliases a graph runs on).
 bool traced(const at::Tensor& t) {
-  return !t.has_storage() || t.storage().device().is_meta() || t.key_set().has(c10::DispatchKey::Functionalize);
+  return !t.has_storage() || fake_or_functional(t);
 }
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

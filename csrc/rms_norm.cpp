@@ -27,10 +27,7 @@ bool traced_mode() {
 // A FakeTensor (its storage is on meta) or functional tensor, or any wrapper while a graph is traced:
 // the graph holds CPU's composite, as Inductor on CPU traces it. An eager DTensor is not: it shards
 // _fused_rms_norm and its backward itself, as on TorchNeuron.
-bool traced(const at::Tensor& t) {
-  return wrapped_by_python(t) && (t.key_set().has(c10::DispatchKey::Functionalize) || traced_mode() ||
-                                  (t.has_storage() && t.storage().device().is_meta()));
-}
+bool traced(const at::Tensor& t) { return wrapped_by_python(t) && (fake_or_functional(t) || traced_mode()); }
 
 bool half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import torch_neuronx
+from torch_neuronx.runtime import host_memory
 
 from helpers import isolated
 
@@ -33,11 +34,6 @@ def _mapped_path(t):
     return None
 
 
-def _rss_anon_bytes():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
-
-
 @pytest.fixture
 def checkpoint(tmp_path):
     torch.manual_seed(0)
@@ -51,7 +47,7 @@ def test_a_loaded_checkpoint_moves_by_mapping_its_pages(checkpoint):
     path, tensors = checkpoint
     loaded = load_file(path)
     torch.ones(1).to(N)  # the device's first use allocates what it keeps
-    before_blocks, before_bytes, before_anon = _blocks(), torch.neuron.memory_allocated(), _rss_anon_bytes()
+    before_blocks, before_bytes, before_anon = _blocks(), torch.neuron.memory_allocated(), host_memory.resident_bytes()[0]
     torch_neuronx.clear_op_tracking()
     moved = {name: t.to(N) for name, t in loaded.items()}
     assert sorted(torch_neuronx.get_executed_ops()) == ["aten::_to_copy", "aten::copy_", "aten::empty_strided"]
@@ -59,7 +55,7 @@ def test_a_loaded_checkpoint_moves_by_mapping_its_pages(checkpoint):
     assert _mapped_path(moved["big"]) == str(path) and _mapped_path(moved["odd"]) == str(path)
     # HBM is charged in full; the host holds no second copy.
     assert torch.neuron.memory_allocated() - before_bytes == sum(t.nbytes for t in tensors.values())
-    assert _rss_anon_bytes() - before_anon < (tensors["big"].nbytes + tensors["odd"].nbytes) / 4
+    assert host_memory.resident_bytes()[0] - before_anon < (tensors["big"].nbytes + tensors["odd"].nbytes) / 4
     for name, t in tensors.items():
         assert torch.equal(moved[name].cpu(), t)
     del moved

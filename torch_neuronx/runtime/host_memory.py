@@ -23,13 +23,20 @@ class HostMemoryError(MemoryError):
     """This host has too little memory (or disk) for what was asked; raised before allocating."""
 
 
-def _meminfo() -> dict[str, int]:
+def _kib_fields(path: str) -> dict[str, int]:
+    """The "Key:  N kB" lines of a /proc file (meminfo, a process's status), in bytes."""
     values = {}
-    with open(MEMINFO) as f:
+    with open(path) as f:
         for line in f:
             key, _, rest = line.partition(":")
-            values[key] = int(rest.split()[0]) * 1024
+            fields = rest.split()
+            if len(fields) == 2 and fields[1] == "kB":
+                values[key] = int(fields[0]) * 1024
     return values
+
+
+def _meminfo() -> dict[str, int]:
+    return _kib_fields(MEMINFO)
 
 
 def _cgroup_room() -> int | None:
@@ -79,19 +86,13 @@ def require_disk(directory: str, needed: int, what: str, fix: str) -> None:
 def resident_bytes() -> tuple[int, int]:
     """This process's resident memory now: its own (RssAnon: what it wrote or allocated) and file pages
     (RssFile: a mapped checkpoint's, shared with every process mapping the same file)."""
-    values = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("RssAnon", "RssFile"):
-                values[key] = int(rest.split()[0]) * 1024
+    values = _kib_fields("/proc/self/status")
     return values["RssAnon"], values["RssFile"]
 
 
 def peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM): every byte it touched at once, file pages included."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
+    peak = _kib_fields("/proc/self/status").get("VmHWM")
+    if peak is None:
+        raise OSError("no VmHWM in /proc/self/status")
+    return peak
