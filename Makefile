@@ -35,8 +35,10 @@ $(VENV)/.core: $(VENV)/.torch $(CORE_SOURCES)
 setup:
 	$(MAKE) --no-print-directory -j2 $(VENV)/.deps $(VENV)/.core
 
+# `make demo DEMO_ARGS="--model real-size-random --height 64 --width 64 --steps 1"`: the real size (16 GB).
+DEMO_ARGS ?=
 demo: setup
-	$(PY) -m torch_neuronx.demo
+	$(PY) -m torch_neuronx.demo $(DEMO_ARGS)
 
 # One worker per core, each taking whole files (module fixtures, such as a shared compile
 # cache, stay in one process).

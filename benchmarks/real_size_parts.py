@@ -95,12 +95,11 @@ def host_twin_pipeline(pipe):
 
 
 def narrow_cpu_like_neuron():
-    """Diffusers computes float64 as float32 on neuron (Trainium has none); CPU made to do the same
-    is the oracle the images are compared with."""
-    from diffusers.utils import torch_utils
+    """Diffusers computes float64 as float32 on neuron (Trainium has none); CPU made to do the same, for
+    the rest of this process, is the oracle the images are compared with."""
+    from torch_neuronx.demo.pipelines import cpu_computing_as_neuron
 
-    torch_utils._DTYPE_UNSUPPORTED_DEVICES = {dtype: devices | {"cpu"} for dtype, devices in
-                                              torch_utils._DTYPE_UNSUPPORTED_DEVICES.items()}
+    cpu_computing_as_neuron().__enter__()
 
 
 # ---------------------------------------------------------------- phases

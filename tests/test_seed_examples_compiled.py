@@ -47,14 +47,18 @@ def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_pa
     phases = {p["name"]: p for p in json.loads(report.read_text())}
     graphs = {name: p["graphs"] for name, p in phases.items()}
     assert graphs == {
-        "cpu eager (the oracle)": None, "neuron eager": None,
+        "cpu eager (the oracle)": None, "neuron eager": None, "cpu compiled (Inductor)": None,
         "neuron compiled, warm-up": 1, "neuron compiled, second call": 0,
         "neuron compiled, new size": 1, "neuron compiled, other step count": 0,
+        "cpu repeated blocks (Inductor)": None,
         "repeated blocks compiled, warm-up": 2, "repeated blocks compiled, call": 0,
     }, graphs
     assert phases["neuron eager"]["difference"].endswith("vs cpu")
-    assert phases["neuron compiled, second call"]["difference"].endswith("vs eager")
+    for name in ("neuron compiled, warm-up", "neuron compiled, second call", "repeated blocks compiled, call"):
+        assert phases[name]["difference"].endswith("vs inductor"), phases[name]  # a compiled graph's oracle
     assert "emulated trn2.3xlarge" in r.stdout and "memory peak on neuron:0" in r.stdout, r.stdout
+    assert re.search(r"pipeline on neuron:0: [\d.]+ MiB of device memory; this host: \S+ \S+ of this process's "
+                     r"own, \S+ \S+ of checkpoint file pages it maps", r.stdout), r.stdout
     assert (tmp_path / "out.png").stat().st_size > 0
     # The readiness report of one eager and one compiled generation, printed and written.
     assert "Trainium readiness report" in r.stdout and "ESTIMATED time on Trainium2" in r.stdout
@@ -74,6 +78,25 @@ def test_main_job_reports_each_phase_and_compiles_only_when_shapes_change(tmp_pa
     after = printed[start + len(head):]
     assert all(line in after for line in rest) and [after.index(line) for line in rest] == \
         sorted(after.index(line) for line in rest), rest
+
+
+@pytest.mark.long  # minutes of compiling: make test-long (CI runs it)
+def test_main_job_in_bf16_checks_compiled_images_against_inductor_on_cpu(tmp_path, neff_cache):
+    """A bf16 checkpoint (`--model`, as the real one and real-size-random): compiled code fuses and rounds
+    otherwise than eager (by 0.05 at 128x128, 2 steps), so each compiled phase's oracle is Inductor's on CPU, not eager."""
+    from torch_neuronx.demo.pipelines import tiny_flux2_klein_path
+
+    report = tmp_path / "phases.json"
+    r = program(["-m", "torch_neuronx.demo", "--model", tiny_flux2_klein_path(), "--height", "64", "--width", "64",
+                 "--steps", "1", "--max-sequence-length", "64", "--output", str(tmp_path / "out.png"),
+                 "--json", str(report)], tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache)
+    assert "bfloat16" in r.stdout.splitlines()[0], r.stdout
+    phases = {p["name"]: p for p in json.loads(report.read_text())}
+    checked = {name: p["difference"] for name, p in phases.items() if p["difference"]}
+    assert checked.keys() == {"neuron eager", "neuron compiled, warm-up", "neuron compiled, second call",
+                              "repeated blocks compiled, warm-up", "repeated blocks compiled, call"}, checked
+    # the demo exits on a difference over its tolerance; neuron's compiled code is Inductor's, on the same bytes
+    assert all(float(d.split()[0]) <= 2e-3 for d in checked.values()), checked
 
 
 def readme_demo_excerpt() -> tuple[list[str], list[str]]:

@@ -1,17 +1,20 @@
 """The main job (`make demo`, `neuronx-demo`): the seed's Flux2-Klein pipeline on the emulated
 Trainium, eager then compiled, checked against plain PyTorch on CPU, with a short report.
 
-    neuronx-demo [--model PATH_OR_HUB_ID] [--height H --width W --steps N] [--tp N] [--output PNG]
+    neuronx-demo [--model PATH_OR_HUB_ID] [--height H --width W --steps N] [--max-sequence-length N] [--tp N]
+                 [--output PNG]
 
 Phases, each seeded alike so their images are comparable:
-  cpu eager (the oracle), neuron eager; the transformer compiled with backend="neuron"
-  (fullgraph, static shapes): warm-up (compiles), second call (reuses), a new height/width
-  (compiles once more), another step count (compiles nothing); then the repeated blocks compiled
-  instead (`compile_repeated_blocks`). With --tp N it relaunches itself under torchrun, one
-  process per emulated core, and runs the tensor-parallel program against one core's output.
+  cpu eager (the oracle), neuron eager; the CPU transformer compiled by Inductor (the compiled
+  oracle), then the neuron one with backend="neuron" (fullgraph, static shapes): warm-up (compiles),
+  second call (reuses), a new height/width (compiles once more), another step count (compiles
+  nothing); then the repeated blocks compiled instead (`compile_repeated_blocks`), by Inductor on
+  CPU and by neuron. With --tp N it relaunches itself under torchrun, one process per emulated core,
+  and runs the tensor-parallel program against one core's output.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from torch_neuronx.demo.pipelines import ModelNotFoundError, argument_parser, model_source
+from torch_neuronx.demo.pipelines import ModelNotFoundError, argument_parser, cpu_computing_as_neuron, model_source
 from torch_neuronx.runtime import format_bytes
 
 PROMPT = "a golden retriever surfing a wave, photorealistic"
@@ -40,12 +43,15 @@ class Phase:
     difference: str = ""
 
 
-def generate(pipe, height: int, width: int, steps: int, seed: int) -> np.ndarray:
+def generate(pipe, height: int, width: int, steps: int, seed: int, max_sequence_length: int = 512) -> np.ndarray:
+    """The seed's call. On CPU, float64 is narrowed as diffusers narrows it on neuron, so that CPU is the oracle."""
     torch.manual_seed(seed)
     # A step-distilled Klein ignores guidance (and says so at every call, unless asked for none).
     guidance = {"guidance_scale": 1.0} if pipe.config.get("is_distilled") else {}
-    return pipe(prompt=PROMPT, height=height, width=width, num_inference_steps=steps, output_type="np",
-                **guidance).images[0]
+    narrowing = cpu_computing_as_neuron() if pipe.device.type == "cpu" else contextlib.nullcontext()
+    with narrowing:
+        return pipe(prompt=PROMPT, height=height, width=width, num_inference_steps=steps, output_type="np",
+                    max_sequence_length=max_sequence_length, **guidance).images[0]
 
 
 def compare(name: str, image: np.ndarray, reference: np.ndarray, label: str) -> str:
@@ -56,23 +62,23 @@ def compare(name: str, image: np.ndarray, reference: np.ndarray, label: str) -> 
 
 
 class Phases:
-    """Runs and times phases; counts the graphs and cache results each adds to the compile metrics."""
+    """Runs and times phases; counts the graphs and cache results each adds to neuron's compile metrics."""
 
-    def __init__(self, pipe, args):
-        self.pipe, self.args, self.rows = pipe, args, []
-        self.compiling = False  # once set, each phase reports the graphs it compiled
+    def __init__(self, args):
+        self.args, self.rows = args, []
+        self.compiling = False  # once set, each neuron phase reports the graphs it compiled
 
-    def run(self, name, against=None, height=None, width=None, steps=None) -> np.ndarray:
+    def run(self, name, pipe, against=None, height=None, width=None, steps=None) -> np.ndarray:
         """Run a phase; ``against`` = (image, label) to check its image with."""
         height, width = height or self.args.height, width or self.args.width
         steps = steps or self.args.steps
         before = len(torch.neuron.get_dynamo_metrics())
         start = time.perf_counter()
-        image = generate(self.pipe, height, width, steps, self.args.seed)
+        image = generate(pipe, height, width, steps, self.args.seed, self.args.max_sequence_length)
         seconds = time.perf_counter() - start
         new = torch.neuron.get_dynamo_metrics()[before:]
-        self.rows.append(Phase(name, f"{width}x{height}", steps, seconds, len(new) if self.compiling else None,
-                               ", ".join(m["cache"] for m in new),
+        graphs = len(new) if self.compiling and pipe.device.type == "neuron" else None
+        self.rows.append(Phase(name, f"{width}x{height}", steps, seconds, graphs, ", ".join(m["cache"] for m in new),
                                compare(name, image, *against) if against else ""))
         return image
 
@@ -97,6 +103,16 @@ def describe_device() -> str:
             "ops run on this host's CPU")
 
 
+def describe_host_memory() -> str:
+    """What the pipeline on neuron holds: the device's count, and on the host the process's own memory and
+    the checkpoint's file pages it maps (the page cache the CPU reference read too: no second copy)."""
+    from torch_neuronx.runtime import host_memory
+
+    own, shared = host_memory.resident_bytes()
+    return (f"pipeline on neuron:0: {format_bytes(torch.neuron.memory_allocated(0))} of device memory; this host: "
+            f"{format_bytes(own)} of this process's own, {format_bytes(shared)} of checkpoint file pages it maps")
+
+
 def describe_executor() -> str:
     """The executor of the compiled phases, chosen as the backend chooses it (no options here)."""
     from torch_neuronx.neuron_dynamo_backend import config
@@ -117,38 +133,45 @@ def single_core(args, source: str, dtype: torch.dtype) -> None:
     print(f"model: {args.model or 'a small Flux2-Klein built in code'} ({source}), {str(dtype).replace('torch.', '')}")
     print(describe_device())
     print(describe_executor())
-    cpu = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
-    phases = Phases(cpu, args)
-    reference = phases.run("cpu eager (the oracle)")
-    del cpu
+    cpu = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)  # a checkpoint's pages, which neuron maps too
+    phases = Phases(args)
+    reference = phases.run("cpu eager (the oracle)", cpu)
 
     pipe = Flux2KleinPipeline.from_pretrained(source, dtype=dtype)
     pipe.to("neuron")
-    phases.pipe = pipe
-    image = phases.run("neuron eager", against=(reference, "cpu"))
+    print(describe_host_memory())
+    image = phases.run("neuron eager", pipe, against=(reference, "cpu"))
     pipe.numpy_to_pil(image[None])[0].save(args.output)
-    eager = (image, "eager")
 
-    _compiled_phases(phases, pipe, source, dtype, eager)
+    _compiled_phases(phases, pipe, cpu, source, dtype)
+    del cpu
     _summary(phases, args)
     readiness(pipe, args, source, dtype)
 
 
-def _compiled_phases(phases: Phases, pipe, source: str, dtype: torch.dtype, eager: tuple) -> None:
-    """The transformer compiled whole (warm-up, reuse, a new size, another step count), then block by block."""
+def _compiled_phases(phases: Phases, pipe, cpu, source: str, dtype: torch.dtype) -> None:
+    """The transformer compiled whole (warm-up, reuse, a new size, another step count), then block by block.
+    The oracle of each is the same transformer compiled alike by Inductor on CPU: a compiler may fuse and
+    round differently from eager (in bf16, visibly)."""
     args = phases.args
     torch.neuron.reset_dynamo_metrics()
     phases.compiling = True
-    pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
-    phases.run("neuron compiled, warm-up", against=eager)
-    phases.run("neuron compiled, second call", against=eager)
-    phases.run("neuron compiled, new size", height=args.height // 2, width=args.width // 2)
-    phases.run("neuron compiled, other step count", steps=max(1, args.steps // 2))
+    options = dict(fullgraph=True, dynamic=False)
+    cpu.transformer.compile(backend="inductor", **options)
+    inductor = (phases.run("cpu compiled (Inductor)", cpu), "inductor")
+    pipe.transformer.compile(backend="neuron", **options)
+    phases.run("neuron compiled, warm-up", pipe, against=inductor)
+    phases.run("neuron compiled, second call", pipe, against=inductor)
+    phases.run("neuron compiled, new size", pipe, height=args.height // 2, width=args.width // 2)
+    phases.run("neuron compiled, other step count", pipe, steps=max(1, args.steps // 2))
 
-    pipe.transformer = fresh_neuron_transformer(source, dtype)  # compiled block by block this time
-    pipe.transformer.compile_repeated_blocks(backend="neuron", fullgraph=True, dynamic=False)
-    phases.run("repeated blocks compiled, warm-up", against=eager)
-    phases.run("repeated blocks compiled, call", against=eager)
+    pipe.transformer = fresh_transformer(source, dtype, "neuron")  # compiled block by block this time
+    cpu.transformer = fresh_transformer(source, dtype, "cpu")
+    cpu.transformer.compile_repeated_blocks(backend="inductor", **options)
+    inductor = (phases.run("cpu repeated blocks (Inductor)", cpu), "inductor")
+    pipe.transformer.compile_repeated_blocks(backend="neuron", **options)
+    phases.run("repeated blocks compiled, warm-up", pipe, against=inductor)
+    phases.run("repeated blocks compiled, call", pipe, against=inductor)
 
 
 def _summary(phases: Phases, args) -> None:
@@ -166,12 +189,13 @@ def _summary(phases: Phases, args) -> None:
             json.dump([dataclasses.asdict(r) for r in phases.rows], f, indent=1)
 
 
-def fresh_neuron_transformer(source: str, dtype: torch.dtype):
-    """The transformer loaded anew on neuron, with Dynamo's compiled code forgotten."""
+def fresh_transformer(source: str, dtype: torch.dtype, device: str):
+    """The transformer loaded anew on ``device``; Dynamo's compiled code is forgotten on neuron's turn."""
     from diffusers import Flux2Transformer2DModel
 
-    torch._dynamo.reset()
-    return Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to("neuron")
+    if device == "neuron":
+        torch._dynamo.reset()
+    return Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to(device)
 
 
 def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
@@ -180,13 +204,13 @@ def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
     from torch_neuronx import diagnostics
 
     # The whole transformer compiled again (a cache hit), so its graph is costed.
-    pipe.transformer = fresh_neuron_transformer(source, dtype)
+    pipe.transformer = fresh_transformer(source, dtype, "neuron")
     diagnostics.start()
     with diagnostics.phase("eager generation"):
-        generate(pipe, args.height, args.width, args.steps, args.seed)
+        generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
     pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
     with diagnostics.phase("compiled generation"):
-        generate(pipe, args.height, args.width, args.steps, args.seed)
+        generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
     diagnostics.stop()
     report = diagnostics.report()
     paths = diagnostics.write(report, args.report_dir)
@@ -209,16 +233,16 @@ def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
                                                           parallel_config=TensorParallelConfig(mesh=mesh))
     pipe = Flux2KleinPipeline.from_pretrained(source, transformer=transformer, dtype=dtype)
     pipe.to(device)
-    generate(pipe, args.height, args.width, 1, args.seed)  # warm-up
+    generate(pipe, args.height, args.width, 1, args.seed, args.max_sequence_length)  # warm-up
     start = time.perf_counter()
-    image = generate(pipe, args.height, args.width, args.steps, args.seed)
+    image = generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
     seconds = time.perf_counter() - start
     peaks = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, torch.neuron.max_memory_allocated())  # this rank's core, neuron:<LOCAL_RANK>
     if rank == 0:
         one_core = Flux2KleinPipeline.from_pretrained(source, dtype=dtype).to(device)
         start = time.perf_counter()
-        reference = generate(one_core, args.height, args.width, args.steps, args.seed)
+        reference = generate(one_core, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
         single = time.perf_counter() - start
         check = compare("tensor parallel", image, reference, "one core")
         print(f"\n{describe_device()}")
@@ -234,6 +258,9 @@ def main(argv=None) -> int:
     parser = argument_parser(__doc__)
     parser.set_defaults(height=512, width=512)
     parser.add_argument("--tp", type=int, default=0, metavar="N", help="tensor parallel over N emulated cores")
+    parser.add_argument("--max-sequence-length", type=int, default=512, metavar="N",
+                        help="the prompt's length in tokens, padded (the pipeline's max_sequence_length; default "
+                             "%(default)s, the seed's); the text encoder's and the transformer's work grow with it")
     parser.add_argument("--json", metavar="PATH", help="also write the phases (single core) as JSON")
     parser.add_argument("--report-dir", default="neuron_report", metavar="DIR",
                         help="where to write the Trainium readiness report (default: %(default)s)")

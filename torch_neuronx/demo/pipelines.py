@@ -10,6 +10,7 @@ encoder has 28 layers, so the pipeline's ``text_encoder_out_layers=(9, 18, 27)``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 
@@ -132,6 +133,22 @@ def check_fits_host(path: str, sharded: tuple[str, ...] = ()) -> None:
                         f"loading {path} ({parts}) in {processes} process(es) on this host",
                         "run fewer processes on this host (torchrun --nproc_per_node), shard more of the model, "
                         "use a host with more memory, or leave --model out for the small pipeline")
+
+
+@contextlib.contextmanager
+def cpu_computing_as_neuron():
+    """Inside this block CPU computes float64 and int64 as diffusers computes them on neuron: as float32 and
+    int32 (Trainium has neither; ``maybe_adjust_dtype_for_device``), e.g. the rotary embedding's angles. The
+    oracle a neuron image is compared with: in bf16 that last-bit difference grows over the denoising steps
+    into differing pixels."""
+    from diffusers.utils import torch_utils
+
+    saved = torch_utils._DTYPE_UNSUPPORTED_DEVICES
+    torch_utils._DTYPE_UNSUPPORTED_DEVICES = {dtype: devices | {"cpu"} for dtype, devices in saved.items()}
+    try:
+        yield
+    finally:
+        torch_utils._DTYPE_UNSUPPORTED_DEVICES = saved
 
 
 def argument_parser(description: str) -> argparse.ArgumentParser:
