@@ -14,6 +14,11 @@ Each part runs in a fresh child process of its own, so its memory peaks are its 
   from the checkpoint (``parallel_config``) and running one transformer step; per rank its peak
   memory against its shard plus the replicated parts, then one CPU process runs the same step on
   the whole transformer, the oracle of rank 0's output.
+- tp-program: the seed's tensor-parallel program itself (examples/tensor_parallel_neuron.py, unchanged) under
+  torchrun with N ranks, ``--model real-size-random``: the ranks' anonymous memory sampled from outside (each
+  rank's peak, and the peak of their sum at one instant) against the transformer's bytes plus the
+  activations (each rank's peak less what it owns once the call is done) plus 1 GB, and rank 0's image
+  against the same call on CPU in one process.
 - large: the seed's call at 1024x1024 with 4 steps, once on neuron and once on CPU (measured).
 - load: ``from_pretrained`` to the first image, each in a process of its own, on neuron (the
   checkpoint's pages mapped by ``.to("neuron")``), on neuron copying them
@@ -29,7 +34,7 @@ Memory: the anonymous peak (what the process owns) and the resident peak (VmHWM)
 counts pages of the checkpoint files the loaders map, the kernel's reclaimable page cache.
 
     python benchmarks/bench_real_size.py [--json PATH] [--parts eager,compiled,tp,large,cold,load] [--size 256]
-        [--steps 1] [--rounds 3] [--ranks 4]
+        [--steps 1] [--rounds 3] [--ranks 4] [--load-variants neuron,cpu,neuron-copy]
 """
 import argparse
 import json
@@ -45,7 +50,7 @@ common.apply_malloc_env()
 
 import targets  # noqa: E402
 
-PARTS = ("eager", "compiled", "tp", "large", "cold", "load")
+PARTS = ("eager", "compiled", "tp", "large", "cold", "load", "tp-program")
 LOAD_VARIANTS = ("neuron", "cpu", "neuron-copy")
 COLD_BACKENDS = ("neuron", "inductor")
 CHILD_MARK = "BENCH_REAL_SIZE_RESULT "
@@ -273,6 +278,143 @@ def _host_total():
     return host_memory.total_bytes()
 
 
+# ---------------------------------------------------------------- the seed's TP program, unchanged (torchrun)
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                       "tensor_parallel_neuron.py")
+PROMPT = "a golden retriever surfing a wave, photorealistic"  # the example's
+
+
+class RankMemory:
+    """Samples, from outside, the anonymous and file-backed memory of torchrun's ranks (the launcher's
+    children running the example): each rank's peak, and the peak of their sum at one instant."""
+
+    def __init__(self, launcher_pid, interval_s=0.1):
+        import threading
+
+        self.launcher_pid, self.interval_s = launcher_pid, interval_s
+        self.rank_anon_peak, self.total_anon_peak, self.total_file_at_peak = {}, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _ranks(self):
+        import psutil
+
+        try:
+            tree = psutil.Process(self.launcher_pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [p for p in tree if _is_rank(p)]
+
+    def _sample(self):
+        while not self._stop.wait(self.interval_s):
+            anon = file = 0
+            for process in self._ranks():
+                try:
+                    fields = common_status(process.pid)
+                except OSError:
+                    continue
+                anon, file = anon + fields["RssAnon"], file + fields["RssFile"]
+                self.rank_anon_peak[process.pid] = max(self.rank_anon_peak.get(process.pid, 0), fields["RssAnon"])
+            if anon > self.total_anon_peak:
+                self.total_anon_peak, self.total_file_at_peak = anon, file
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def _is_rank(process):
+    import psutil
+
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return False
+    return EXAMPLE in cmdline and "torch.distributed.run" not in cmdline
+
+
+def common_status(pid):
+    """RssAnon and RssFile of a process, in bytes."""
+    values = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values
+
+
+def tp_program_part(opts, cache_dir):
+    """torchrun --nproc_per_node N examples/tensor_parallel_neuron.py --model real-size-random, then the same
+    call on CPU in one process: the host's anonymous memory against the weights, and rank 0's image."""
+    import subprocess
+
+    from torch_neuronx.demo import pipelines, real_size
+
+    if not depth(opts).is_real:
+        raise SystemExit("--parts tp-program runs the seed's program as is: the real depth only (--depth 5,20,36)")
+    path = real_size.real_size_random_path()
+    out_dir = tempfile.mkdtemp(prefix="tp-program-", dir=cache_dir)
+    image_path = os.path.join(out_dir, "tp.png")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={opts.ranks}", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=localhost:0", EXAMPLE, "--model", real_size.NAME, "--height", str(opts.size),
+           "--width", str(opts.size), "--steps", str(opts.steps), "--output", image_path]
+    # the user's own allocator settings, not the benchmark's (which keep freed memory to time both sides alike)
+    env = {k: v for k, v in _child_env(cache_dir).items() if k not in common.MALLOC_ENV}
+    start = time.perf_counter()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_dir,
+                          env=env) as proc:
+        memory = RankMemory(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            return {"error": f"torchrun timed out after {CHILD_TIMEOUT_S} s", "stderr": err[-4000:]}
+        finally:
+            memory.stop()
+    wall_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        return {"error": f"torchrun exit code {proc.returncode}", "stderr": (out + err)[-4000:]}
+    from real_size_report import tp_program_ranks
+
+    ranks = tp_program_ranks(out)
+    peaks = sorted(memory.rank_anon_peak.values(), reverse=True)
+    reference = spawn("tp-program-reference", opts, cache_dir, ["--_out", image_path])
+    return {"wall_s": wall_s, "ranks": ranks, "rank_anon_peaks": peaks, "total_anon_peak": memory.total_anon_peak,
+            "total_file_at_peak": memory.total_file_at_peak, "component_bytes": pipelines._component_bytes(path),
+            "reference": reference, "host_total": _host_total(), "stdout": out[-3000:]}
+
+
+def run_tp_program_reference(opts, image_path):
+    """The example's call on CPU in one process (diffusers' float64 narrowed as on neuron): rank 0's image
+    against it."""
+    import numpy as np
+    import torch
+    from diffusers import Flux2KleinPipeline
+    from PIL import Image
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    torch.set_grad_enabled(False)
+    parts.narrow_cpu_like_neuron()
+    peaks = parts.MemoryPeaks()
+    torch.manual_seed(0)  # the example's --seed default, where the example sets it
+    pipe = Flux2KleinPipeline.from_pretrained(real_size_random_path(), dtype=torch.bfloat16)
+    start = time.perf_counter()
+    expected = np.asarray(pipe(prompt=PROMPT, height=opts.size, width=opts.size,
+                               num_inference_steps=opts.steps).images[0], dtype=np.int16)
+    call_s = time.perf_counter() - start
+    got = np.asarray(Image.open(image_path), dtype=np.int16)
+    difference = np.abs(got - expected)
+    emit({"call_s": call_s, **peaks.peaks(), "max_abs_diff": int(difference.max()),
+          "mean_abs_diff": float(difference.mean()), "p999_abs_diff": float(np.percentile(difference, 99.9)),
+          "share_over_2": float((difference > 2).mean()), "expected_std": float(expected.std())})
+
+
 # ---------------------------------------------------------------- from_pretrained to first image (children)
 
 def _checkpoint_files(path):
@@ -316,10 +458,14 @@ def run_load(opts, variant, cache):
 
 
 def load_part(opts, cache_dir):
-    samples = {cache: {v: [] for v in LOAD_VARIANTS} for cache in ("cold", "warm")}
+    variants = opts.load_variants.split(",")
+    unknown = sorted(set(variants) - set(LOAD_VARIANTS))
+    if unknown or not {"neuron", "cpu"} <= set(variants):
+        raise SystemExit(f"--load-variants {opts.load_variants}: needs neuron and cpu, from {', '.join(LOAD_VARIANTS)}")
+    samples = {cache: {v: [] for v in variants} for cache in ("cold", "warm")}
     for r in range(opts.rounds):
         for cache in ("cold", "warm"):
-            for variant in common.round_order(list(LOAD_VARIANTS), r):
+            for variant in common.round_order(variants, r):
                 result = spawn("load-one", opts, cache_dir, ["--_backend", f"{variant}:{cache}"])
                 if "error" in result:
                     return result
@@ -336,6 +482,9 @@ def parse(argv=None):
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--load-variants", default=",".join(LOAD_VARIANTS),
+                        help="the load part's runs (neuron-copy: the move copying, as before; it doubles the "
+                             "memory and adds runs)")
     parser.add_argument("--depth", default="5,20,36", help="double blocks, single blocks, text layers "
                                                                 "(default: the checkpoint's)")
     parser.add_argument("--_part", help=argparse.SUPPRESS)
@@ -353,6 +502,8 @@ def run_parts(opts):
             start = time.perf_counter()
             if part == "tp":
                 results[part] = tp_part(opts, cache_dir)
+            elif part == "tp-program":
+                results[part] = tp_program_part(opts, cache_dir)
             elif part == "cold":
                 results[part] = cold_part(opts, cache_dir)
             elif part == "load":
@@ -375,6 +526,8 @@ def main():
         return run_tp_rank(opts, opts._out)
     if opts._part == "tp-reference":
         return run_tp_reference(opts, opts._out)
+    if opts._part == "tp-program-reference":
+        return run_tp_program_reference(opts, opts._out)
     if opts._part == "cold-compile":
         return run_cold_compile(opts, opts._backend)
     if opts._part == "load-one":

@@ -1,5 +1,6 @@
 """bench_real_size.py's targets and Markdown, from the children's results (no torch here)."""
 import argparse
+import re
 import statistics
 
 import common
@@ -11,6 +12,7 @@ PHASE_TARGET = 1.05  # eager neuron / CPU, per phase
 COMPILED_TARGET = 1.03
 MEMORY_TARGET = 1.10  # the anonymous peak over the weights
 LOAD_TARGET = 1.05  # from_pretrained to the first image, neuron / CPU (issue 50)
+TP_SLACK = 1e9  # the TP program's anonymous total may exceed the transformer + activations by this (issue 50)
 
 
 def large_options(opts):
@@ -44,6 +46,10 @@ def target_entries(results, target):
         entries.append(target(f"real size from_pretrained to first image, {cache} page cache, neuron / CPU",
                               [n["total_s"] / c["total_s"] for n, c in zip(by_variant["neuron"], by_variant["cpu"])],
                               LOAD_TARGET))
+    program = results.get("tp-program", {})
+    if "total_anon_peak" in program:
+        entries.append(target("real size tp program: anonymous total / (transformer + activations + 1 GB)",
+                              [program["total_anon_peak"] / tp_program_budget(program)], 1.0))
     if "ranks" in tp:
         entries.append(target("real size tp: sum of rank peaks / host memory", [tp["sum_anon_peak"] / tp["host_total"]],
                               1.0))
@@ -132,6 +138,57 @@ def _tp_lines(tp, opts):
             f"{check}."]
 
 
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}  # format_bytes' units
+
+
+def tp_program_ranks(stdout):
+    """What each rank of examples/tensor_parallel_neuron.py printed at its end: its own memory, its
+    shared file pages, its core's peak (bytes), by rank."""
+    number = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
+    pattern = re.compile(rf"rank (\d+): host memory {number} of its own, {number} of shared file pages; "
+                         rf"{number} peak on neuron:(\d+)")
+    ranks = {}
+    for match in pattern.finditer(stdout):
+        g = match.groups()
+        ranks[int(g[0])] = {"own_end": float(g[1]) * UNITS[g[2]], "shared_end": float(g[3]) * UNITS[g[4]],
+                            "core_peak": float(g[5]) * UNITS[g[6]], "core": int(g[7])}
+    return ranks
+
+
+def tp_program_activations(program):
+    """The ranks' activations: each one's anonymous peak less what it owns once the call is done."""
+    return sum(program["rank_anon_peaks"]) - sum(r["own_end"] for r in program["ranks"].values())
+
+
+def tp_program_budget(program):
+    return program["component_bytes"]["transformer"] + tp_program_activations(program) + TP_SLACK
+
+
+def _tp_program_lines(program, opts):
+    if "error" in program:
+        return [f"**The TP program**: failed ({program['error']})."]
+    ranks = program["ranks"]
+    rows = [[r, _gb(v["own_end"]), _gb(v["shared_end"]), _gb(v["core_peak"])] for r, v in sorted(ranks.items())]
+    ref = program["reference"]
+    check = (f"rank 0's image against the same call on CPU in one process: max abs difference {ref['max_abs_diff']} "
+             f"of 255, mean {ref['mean_abs_diff']:.3f}, 99.9th percentile {ref['p999_abs_diff']:.1f}, "
+             f"{100 * ref['share_over_2']:.2f}% of values over 2 (CPU image std {ref['expected_std']:.1f}); the CPU "
+             f"call took {ref['call_s']:.0f} s with an anonymous peak of {_gb(ref['anon_peak'])}"
+             if "error" not in ref else f"the CPU reference failed ({ref['error']})")
+    sizes = program["component_bytes"]
+    return [f"**The TP program**, `torchrun --nproc_per_node {len(ranks)} examples/tensor_parallel_neuron.py --model "
+            f"real-size-random --height {opts.size} --width {opts.size} --steps {opts.steps}`, "
+            f"{program['wall_s']:.0f} s; what each rank printed at its end:", "",
+            common.markdown_table(["rank", "own (RssAnon)", "shared file pages (RssFile)", "its core's peak"], rows,
+                                  "rrrr"), "",
+            f"Sampled from outside: the ranks' anonymous peaks {', '.join(_gb(p) for p in program['rank_anon_peaks'])}; "
+            f"their sum at one instant peaked at {_gb(program['total_anon_peak'])} (with "
+            f"{_gb(program['total_file_at_peak'])} of file pages counted once per rank) of the host's "
+            f"{_gb(program['host_total'])}. Budget: the transformer {_gb(sizes['transformer'])} + the activations "
+            f"{_gb(tp_program_activations(program))} + 1 GB = {_gb(tp_program_budget(program))}. "
+            f"Components on disk: {', '.join(f'{k} {_gb(v)}' for k, v in sizes.items() if v)}.", "", f"{check}."]
+
+
 def _cold_lines(cold):
     if "error" in cold:
         return [f"**Cold compiles**: failed ({cold['error']})."]
@@ -180,6 +237,8 @@ def markdown(results, opts, conditions):
         lines += _cold_lines(results["cold"]) + [""]
     if "load" in results:
         lines += _load_lines(results["load"]) + [""]
+    if "tp-program" in results:
+        lines += _tp_program_lines(results["tp-program"], opts) + [""]
     if "tp" in results:
         lines += _tp_lines(results["tp"], opts)
     return "\n".join(lines).rstrip()

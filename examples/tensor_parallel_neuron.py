@@ -34,5 +34,5 @@ if dist.get_rank() == 0:
     image.save(args.output)
 own, shared = host_memory.resident_bytes()  # a checkpoint's pages are shared by the ranks that map them
 print(f"rank {dist.get_rank()}: host memory {format_bytes(own)} of its own, {format_bytes(shared)} of shared "
-      f"file pages; {format_bytes(torch.neuron.max_memory_allocated())} peak on {device}")
+      f"file pages; {format_bytes(torch.neuron.max_memory_allocated())} peak on neuron:{device}")
 dist.destroy_process_group()

@@ -37,6 +37,15 @@ def test_tensor_parallel_program_on_two_cores_draws_what_one_core_draws(tmp_path
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
     for rank in (0, 1):  # each rank says what the host holds for it: its own memory, the shared file pages
         assert re.search(rf"rank {rank}: host memory \S+ \S+ of its own, \S+ \S+ of shared file pages", r.stdout), r.stdout
+    # bench_real_size.py --parts tp-program reads these lines: each rank on its own core, its figures in bytes
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from real_size_report import tp_program_ranks
+    finally:
+        sys.path.pop(0)
+    ranks = tp_program_ranks(r.stdout)
+    assert sorted(ranks) == [0, 1] and [ranks[k]["core"] for k in (0, 1)] == [0, 1], r.stdout
+    assert all(v["own_end"] > 1e8 and v["shared_end"] > 0 and v["core_peak"] > 0 for v in ranks.values()), ranks
 
 
 @pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it)
@@ -64,27 +73,19 @@ def test_a_model_without_weights_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
-def test_model_option_loads_a_checkpoint_directory_in_bf16_as_for_the_real_model(tmp_path, monkeypatch):
+def test_model_option_loads_a_checkpoint_directory_in_bf16_as_for_the_real_model(tmp_path):
     # The small pipeline's directory stands in for a downloaded FLUX.2-klein: the --model path
     # (a local checkpoint, bf16) runs end to end and draws what CPU draws in bf16.
     from diffusers import Flux2KleinPipeline
 
-    from torch_neuronx.demo.pipelines import model_source, tiny_flux2_klein_path
+    from torch_neuronx.demo.pipelines import cpu_computing_as_neuron, model_source, tiny_flux2_klein_path
 
     path = tiny_flux2_klein_path()
     assert model_source(path) == (path, torch.bfloat16)
     image = example("eager_neuron.py", tmp_path, "--model", path)
     pipe = Flux2KleinPipeline.from_pretrained(path, dtype=torch.bfloat16)
-    # Diffusers computes differently for neuron by design: float64 and int64 become float32 and
-    # int32 (Trainium has neither; `maybe_adjust_dtype_for_device`), e.g. the rotary embedding. In
-    # bf16 that last-bit difference grows over the denoising steps into differing pixels, so the
-    # oracle is CPU made to narrow the same way.
-    from diffusers.utils import torch_utils
-
-    narrowing = torch_utils._DTYPE_UNSUPPORTED_DEVICES
-    monkeypatch.setattr(torch_utils, "_DTYPE_UNSUPPORTED_DEVICES",
-                        {dtype: devices | {"cpu"} for dtype, devices in narrowing.items()})
     torch.manual_seed(0)
-    cpu = np.asarray(pipe(prompt="a golden retriever surfing a wave, photorealistic", height=128, width=128,
-                          num_inference_steps=4).images[0], dtype=np.int16)
+    with cpu_computing_as_neuron():  # diffusers narrows float64 on neuron by design: the oracle does too
+        cpu = np.asarray(pipe(prompt="a golden retriever surfing a wave, photorealistic", height=128, width=128,
+                              num_inference_steps=4).images[0], dtype=np.int16)
     assert np.abs(image - cpu).max() <= PIXEL_TOLERANCE
