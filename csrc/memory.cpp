@@ -9,9 +9,13 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sstream>
 #include <mutex>
 #include <pthread.h>
@@ -301,6 +305,25 @@ std::string host_shortfall(size_t nbytes) {
 }
 
 }  // namespace
+
+void note_copy_to_device(size_t nbytes) {
+  constexpr int64_t kTrimEveryBytes = int64_t{64} << 20;
+  constexpr int64_t kMinTrimIntervalNs = 1'000'000'000;  // bounds what re-faulting released pages can cost a loop
+  static std::atomic<int64_t> since_trim{0};
+  static std::atomic<int64_t> last_trim_ns{0};
+  if (since_trim.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) + static_cast<int64_t>(nbytes) <
+      kTrimEveryBytes) {
+    return;
+  }
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  int64_t last = last_trim_ns.load(std::memory_order_relaxed);
+  if (now - last < kMinTrimIntervalNs || !last_trim_ns.compare_exchange_strong(last, now)) return;
+  since_trim.store(0, std::memory_order_relaxed);
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
 
 void record_alloc(c10::DeviceIndex index, int64_t nbytes) {
   check_usable(index);
