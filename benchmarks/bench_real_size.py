@@ -17,7 +17,7 @@ Each part runs in a fresh child process of its own, so its memory peaks are its 
 - tp-program: the seed's tensor-parallel program itself (examples/tensor_parallel_neuron.py, unchanged) under
   torchrun with N ranks, ``--model real-size-random``: the ranks' anonymous memory sampled from outside (each
   rank's peak, and the peak of their sum at one instant) against the transformer's bytes plus the
-  activations (each rank's peak less what it owns once the call is done) plus 1 GB, and rank 0's image
+  activations (each rank's core: its peak less what it held once loaded) plus 1 GB, and rank 0's image
   against the same call on CPU in one process.
 - large: the seed's call at 1024x1024 with 4 steps, once on neuron and once on CPU (measured).
 - load: ``from_pretrained`` to the first image, each in a process of its own, on neuron (the

@@ -142,22 +142,24 @@ UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
 def tp_program_ranks(stdout):
-    """What each rank of examples/tensor_parallel_neuron.py printed at its end: its own memory, its
-    shared file pages, its core's peak (bytes), by rank."""
+    """What each rank of examples/tensor_parallel_neuron.py printed, once loaded and at its end: its own
+    memory, its shared file pages (bytes), and its core's allocated bytes then and peak at the end, by rank."""
     number = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
-    pattern = re.compile(rf"rank (\d+): host memory {number} of its own, {number} of shared file pages; "
-                         rf"{number} peak on neuron:(\d+)")
+    pattern = re.compile(rf"rank (\d+)(, loaded)?: host memory {number} of its own, {number} of shared file pages; "
+                         rf"{number} (allocated|peak) on neuron:(\d+)")
     ranks = {}
     for match in pattern.finditer(stdout):
         g = match.groups()
-        ranks[int(g[0])] = {"own_end": float(g[1]) * UNITS[g[2]], "shared_end": float(g[3]) * UNITS[g[4]],
-                            "core_peak": float(g[5]) * UNITS[g[6]], "core": int(g[7])}
+        when = "loaded" if g[1] else "end"
+        ranks.setdefault(int(g[0]), {}).update({
+            f"own_{when}": float(g[2]) * UNITS[g[3]], f"shared_{when}": float(g[4]) * UNITS[g[5]],
+            "core_loaded" if when == "loaded" else "core_peak": float(g[6]) * UNITS[g[7]], "core": int(g[9])})
     return ranks
 
 
 def tp_program_activations(program):
-    """The ranks' activations: each one's anonymous peak less what it owns once the call is done."""
-    return sum(program["rank_anon_peaks"]) - sum(r["own_end"] for r in program["ranks"].values())
+    """The ranks' activations, as their cores count them: each one's peak less what it held once loaded."""
+    return sum(r["core_peak"] - r["core_loaded"] for r in program["ranks"].values())
 
 
 def tp_program_budget(program):
@@ -168,7 +170,8 @@ def _tp_program_lines(program, opts):
     if "error" in program:
         return [f"**The TP program**: failed ({program['error']})."]
     ranks = program["ranks"]
-    rows = [[r, _gb(v["own_end"]), _gb(v["shared_end"]), _gb(v["core_peak"])] for r, v in sorted(ranks.items())]
+    rows = [[r, _gb(v["own_loaded"]), _gb(v["own_end"]), _gb(v["shared_end"]), _gb(v["core_loaded"]),
+             _gb(v["core_peak"])] for r, v in sorted(ranks.items())]
     ref = program["reference"]
     check = (f"rank 0's image against the same call on CPU in one process: max abs difference {ref['max_abs_diff']} "
              f"of 255, mean {ref['mean_abs_diff']:.3f}, 99.9th percentile {ref['p999_abs_diff']:.1f}, "
@@ -178,13 +181,14 @@ def _tp_program_lines(program, opts):
     sizes = program["component_bytes"]
     return [f"**The TP program**, `torchrun --nproc_per_node {len(ranks)} examples/tensor_parallel_neuron.py --model "
             f"real-size-random --height {opts.size} --width {opts.size} --steps {opts.steps}`, "
-            f"{program['wall_s']:.0f} s; what each rank printed at its end:", "",
-            common.markdown_table(["rank", "own (RssAnon)", "shared file pages (RssFile)", "its core's peak"], rows,
-                                  "rrrr"), "",
+            f"{program['wall_s']:.0f} s; what each rank printed once loaded and at its end:", "",
+            common.markdown_table(["rank", "own, loaded (RssAnon)", "own, end", "shared file pages (RssFile)",
+                                   "its core, loaded", "its core's peak"], rows, "rrrrrr"), "",
             f"Sampled from outside: the ranks' anonymous peaks {', '.join(_gb(p) for p in program['rank_anon_peaks'])}; "
             f"their sum at one instant peaked at {_gb(program['total_anon_peak'])} (with "
             f"{_gb(program['total_file_at_peak'])} of file pages counted once per rank) of the host's "
             f"{_gb(program['host_total'])}. Budget: the transformer {_gb(sizes['transformer'])} + the activations "
+            "(each core's peak less what it held once loaded) "
             f"{_gb(tp_program_activations(program))} + 1 GB = {_gb(tp_program_budget(program))}. "
             f"Components on disk: {', '.join(f'{k} {_gb(v)}' for k, v in sizes.items() if v)}.", "", f"{check}."]
 

@@ -15,6 +15,13 @@ from torch_neuronx.demo.pipelines import argument_parser, model_source
 from torch_neuronx.runtime import host_memory
 from torch_neuronx.runtime.units import format_bytes
 
+
+def say_memory(when: str, on_core: str) -> None:
+    own, shared = host_memory.resident_bytes()  # a checkpoint's pages are shared by the ranks that map them
+    print(f"rank {dist.get_rank()}{when}: host memory {format_bytes(own)} of its own, {format_bytes(shared)} of "
+          f"shared file pages; {on_core} on neuron:{device}", flush=True)
+
+
 args = argument_parser(__doc__).parse_args()
 
 dist.init_process_group(backend="neuron")
@@ -28,11 +35,11 @@ transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transfo
                                                       parallel_config=parallel_config)
 pipe = Flux2KleinPipeline.from_pretrained(source, transformer=transformer, dtype=dtype)
 pipe.to(device)
+
+say_memory(", loaded", f"{format_bytes(torch.neuron.memory_allocated())} allocated")
 image = pipe(prompt="a golden retriever surfing a wave, photorealistic",
              height=args.height, width=args.width, num_inference_steps=args.steps).images[0]
 if dist.get_rank() == 0:
     image.save(args.output)
-own, shared = host_memory.resident_bytes()  # a checkpoint's pages are shared by the ranks that map them
-print(f"rank {dist.get_rank()}: host memory {format_bytes(own)} of its own, {format_bytes(shared)} of shared "
-      f"file pages; {format_bytes(torch.neuron.max_memory_allocated())} peak on neuron:{device}")
+say_memory("", f"{format_bytes(torch.neuron.max_memory_allocated())} peak")
 dist.destroy_process_group()
