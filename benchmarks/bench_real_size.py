@@ -412,7 +412,8 @@ def run_tp_program_reference(opts, image_path):
     difference = np.abs(got - expected)
     emit({"call_s": call_s, **peaks.peaks(), "max_abs_diff": int(difference.max()),
           "mean_abs_diff": float(difference.mean()), "p999_abs_diff": float(np.percentile(difference, 99.9)),
-          "share_over_2": float((difference > 2).mean()), "expected_std": float(expected.std())})
+          "share_over_2": float((difference > 2).mean()), "expected_std": float(expected.std()),
+          "relative_rms": float(np.sqrt((difference.astype(np.float64) ** 2).mean()) / expected.std())})
 
 
 # ---------------------------------------------------------------- from_pretrained to first image (children)

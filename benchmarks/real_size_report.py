@@ -175,7 +175,8 @@ def _tp_program_lines(program, opts):
     ref = program["reference"]
     check = (f"rank 0's image against the same call on CPU in one process: max abs difference {ref['max_abs_diff']} "
              f"of 255, mean {ref['mean_abs_diff']:.3f}, 99.9th percentile {ref['p999_abs_diff']:.1f}, "
-             f"{100 * ref['share_over_2']:.2f}% of values over 2 (CPU image std {ref['expected_std']:.1f}); the CPU "
+             f"{100 * ref['share_over_2']:.2f}% of values over 2, RMS {ref.get('relative_rms', float('nan')):.4f} of the CPU "
+             f"image's std ({ref['expected_std']:.1f}); the CPU "
              f"call took {ref['call_s']:.0f} s with an anonymous peak of {_gb(ref['anon_peak'])}"
              if "error" not in ref else f"the CPU reference failed ({ref['error']})")
     sizes = program["component_bytes"]
