@@ -132,6 +132,7 @@ def test_saving_over_the_mapped_file_in_place_detaches_it_first(tmp_path):
     assert r.stdout.strip() == "['model.safetensors']"  # and the exit left nothing beside it
 
 
+@pytest.mark.long  # two child processes: make test-long (CI runs it)
 def test_truncation_by_another_writer_faults_as_on_cpu(tmp_path):
     """A writer we do not wrap truncating the file: reading a page past its new end faults (SIGBUS), as
     reading CPU's own mapping of it does. The README says so."""
@@ -163,6 +164,7 @@ def test_mapping_can_be_turned_off(tmp_path):
     assert r.stdout.split() == ["0", "True"]
 
 
+@pytest.mark.long  # a child process loading diffusers and transformers: make test-long (CI runs it)
 def test_from_pretrained_then_to_neuron_maps_the_weights_and_save_pretrained_keeps_them(tmp_path):
     from diffusers import AutoencoderKL
 
