@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -165,8 +166,8 @@ def _compiled_phases(phases: Phases, pipe, cpu, source: str, dtype: torch.dtype)
     phases.run("neuron compiled, new size", pipe, height=args.height // 2, width=args.width // 2)
     phases.run("neuron compiled, other step count", pipe, steps=max(1, args.steps // 2))
 
-    pipe.transformer = fresh_transformer(source, dtype, "neuron")  # compiled block by block this time
-    cpu.transformer = fresh_transformer(source, dtype, "cpu")
+    reload_transformer(pipe, source, dtype)  # compiled block by block this time
+    reload_transformer(cpu, source, dtype)
     cpu.transformer.compile_repeated_blocks(backend="inductor", **options)
     inductor = (phases.run("cpu repeated blocks (Inductor)", cpu), "inductor")
     pipe.transformer.compile_repeated_blocks(backend="neuron", **options)
@@ -189,13 +190,17 @@ def _summary(phases: Phases, args) -> None:
             json.dump([dataclasses.asdict(r) for r in phases.rows], f, indent=1)
 
 
-def fresh_transformer(source: str, dtype: torch.dtype, device: str):
-    """The transformer loaded anew on ``device``; Dynamo's compiled code is forgotten on neuron's turn."""
+def reload_transformer(pipe, source: str, dtype: torch.dtype) -> None:
+    """The pipeline's transformer loaded anew on its device, the old one and Dynamo's code for it dropped
+    first: one core holds one transformer (at real size two do not fit its HBM)."""
     from diffusers import Flux2Transformer2DModel
 
-    if device == "neuron":
-        torch._dynamo.reset()
-    return Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to(device)
+    device = pipe.transformer.device
+    pipe.transformer = None
+    torch._dynamo.reset()
+    gc.collect()
+    transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=dtype).to(device)
+    pipe.register_modules(transformer=transformer)  # its entry in the pipeline's config, as from_pretrained made it
 
 
 def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
@@ -204,7 +209,7 @@ def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
     from torch_neuronx import diagnostics
 
     # The whole transformer compiled again (a cache hit), so its graph is costed.
-    pipe.transformer = fresh_transformer(source, dtype, "neuron")
+    reload_transformer(pipe, source, dtype)
     diagnostics.start()
     with diagnostics.phase("eager generation"):
         generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
