@@ -192,8 +192,10 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
     # then drops it: the freed temporaries sit between the moved blocks in the malloc heap, which keeps them
     # resident (0.46 GB a rank at FLUX.2-klein's real size). Moves return that memory as they go. Plain
     # PyTorch allocating and copying alike (clone) is the control: it keeps the holes, so this can fail.
+    # Memory is returned every 64 MiB moved, at most once a second: after a second's pause, a 64 MiB move
+    # returns what the loop left, whatever the loop's speed.
     program = """
-        import sys, torch
+        import sys, time, torch
         from torch_neuronx.runtime import host_memory
         move = (lambda t: t.clone()) if sys.argv[1] == "cpu" else (lambda t: t.to("neuron"))
         kept, start = [], host_memory.resident_bytes()[0]
@@ -201,6 +203,8 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
             temporary = torch.cat([torch.ones(256 * 1024 + i * 10_000), torch.ones(256 * 1024)])
             kept.append(move(temporary))
             del temporary
+        time.sleep(1.1)
+        kept.append(move(torch.ones(16 << 20)))  # 64 MiB: outside the heap (glibc maps it), a trim is due
         print(host_memory.resident_bytes()[0] - start - sum(t.nbytes for t in kept))
     """
     left = {}
