@@ -3,6 +3,7 @@ a CPU twin of a neuron pipeline, and the inputs of one transformer step.
 
 Beside bench_real_size.py (sys.path[0]); it imports torch, so only the child processes use it.
 """
+import contextlib
 import threading
 import time
 
@@ -94,12 +95,17 @@ def host_twin_pipeline(pipe):
                               vae=host_twin(pipe.vae))
 
 
+_NARROWING = contextlib.ExitStack()  # never closed: the narrowing lasts as long as the process
+
+
 def narrow_cpu_like_neuron():
     """Diffusers computes float64 as float32 on neuron (Trainium has none); CPU made to do the same, for
     the rest of this process, is the oracle the images are compared with."""
     from torch_neuronx.demo.pipelines import cpu_computing_as_neuron
 
-    cpu_computing_as_neuron().__enter__()
+    # Held here: a generator's context manager dropped after __enter__ is closed when collected, which
+    # would undo the narrowing at once.
+    _NARROWING.enter_context(cpu_computing_as_neuron())
 
 
 # ---------------------------------------------------------------- phases
