@@ -282,7 +282,6 @@ def _host_total():
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                        "tensor_parallel_neuron.py")
-PROMPT = "a golden retriever surfing a wave, photorealistic"  # the example's
 
 
 class RankMemory:
@@ -308,15 +307,17 @@ class RankMemory:
         return [p for p in tree if _is_rank(p)]
 
     def _sample(self):
+        from torch_neuronx.runtime import host_memory
+
         while not self._stop.wait(self.interval_s):
             anon = file = 0
             for process in self._ranks():
                 try:
-                    fields = common_status(process.pid)
-                except OSError:
+                    own, shared = host_memory.resident_bytes(process.pid)
+                except (OSError, KeyError):  # gone, or a zombie (no Rss lines)
                     continue
-                anon, file = anon + fields["RssAnon"], file + fields["RssFile"]
-                self.rank_anon_peak[process.pid] = max(self.rank_anon_peak.get(process.pid, 0), fields["RssAnon"])
+                anon, file = anon + own, file + shared
+                self.rank_anon_peak[process.pid] = max(self.rank_anon_peak.get(process.pid, 0), own)
             if anon > self.total_anon_peak:
                 self.total_anon_peak, self.total_file_at_peak = anon, file
 
@@ -333,17 +334,6 @@ def _is_rank(process):
     except psutil.Error:
         return False
     return EXAMPLE in cmdline and "torch.distributed.run" not in cmdline
-
-
-def common_status(pid):
-    """RssAnon and RssFile of a process, in bytes."""
-    values = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("RssAnon", "RssFile"):
-                values[key] = int(rest.split()[0]) * 1024
-    return values
 
 
 def tp_program_part(opts, cache_dir):
@@ -397,6 +387,7 @@ def run_tp_program_reference(opts, image_path):
     from PIL import Image
 
     import real_size_parts as parts
+    from torch_neuronx.demo.cli import PROMPT  # the example's
     from torch_neuronx.demo.real_size import real_size_random_path
 
     torch.set_grad_enabled(False)

@@ -3,7 +3,6 @@ takes, at a reduced depth (one block and one text layer at the real widths, 2.3 
 saving and loading it, the seed's call on neuron against the same call on CPU over the same bytes,
 and the refusals that come before a job which cannot fit this host."""
 import gc
-import importlib
 import json
 import os
 import subprocess
@@ -15,9 +14,8 @@ import pytest
 import torch
 
 from helpers.isolated import environment, run
-from helpers.seed_examples import ROOT
+from helpers.seed_examples import BENCHMARKS, ROOT, benchmark_module
 
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
 REDUCED = "1,1,1"
 
 
@@ -55,7 +53,7 @@ def test_saving_is_once_and_whole(reduced_path):
 
 @pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it)
 def test_eager_call_equals_cpu_on_the_same_bytes_and_hbm_counts_the_weights(reduced_path):
-    parts = _from_benchmarks("real_size_parts")
+    parts = benchmark_module("real_size_parts")
     with torch.no_grad():
         peaks = parts.MemoryPeaks()
         gc.collect()  # an earlier test's cycles holding neuron tensors must not be freed mid-count
@@ -163,7 +161,7 @@ def test_the_benchmark_runs_each_part_at_a_reduced_depth(tmp_path):
     # alike) takes PyTorch's reference route, hundreds of times slower than float32; at 128x128 the
     # eight VAE decodes alone took over 25 minutes. This size takes about 11 minutes on 2 idle cores.
     out = tmp_path / "real.json"
-    common = _from_benchmarks("common")
+    common = benchmark_module("common")
     r = common.run_process_tree([sys.executable, os.path.join(BENCHMARKS, "bench_real_size.py"), "--depth", REDUCED,
                                  "--parts", "eager,compiled,tp,cold", "--size", "32", "--rounds", "1", "--ranks", "2",
                                  "--json", str(out)], 2700, env=environment(TMPDIR=str(tmp_path)))
@@ -181,15 +179,6 @@ def test_the_benchmark_runs_each_part_at_a_reduced_depth(tmp_path):
     assert all(s["compile_s"] > 0 for b in cold for s in cold[b]), cold
 
 
-def _from_benchmarks(name: str):
-    """A module beside the benchmarks (they import each other by their plain names)."""
-    sys.path.insert(0, BENCHMARKS)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(BENCHMARKS)
-
-
 def test_a_benchmark_child_that_runs_out_of_time_takes_its_own_children_with_it(tmp_path):
     # The benchmarks' parts start processes of their own (torchrun and its ranks); subprocess.run's
     # timeout would kill the direct child only and leave them running for as long as they like.
@@ -198,7 +187,7 @@ def test_a_benchmark_child_that_runs_out_of_time_takes_its_own_children_with_it(
               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
               f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(600)")
     with pytest.raises(subprocess.TimeoutExpired):
-        _from_benchmarks("common").run_process_tree([sys.executable, "-c", script], 5)
+        benchmark_module("common").run_process_tree([sys.executable, "-c", script], 5)
     grandchild = int(pid_file.read_text())
     for _ in range(50):  # killed: gone, or a zombie until init reaps it
         try:

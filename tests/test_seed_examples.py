@@ -38,12 +38,7 @@ def test_tensor_parallel_program_on_two_cores_draws_what_one_core_draws(tmp_path
     for rank in (0, 1):  # each rank says what the host holds for it: its own memory, the shared file pages
         assert re.search(rf"rank {rank}: host memory \S+ \S+ of its own, \S+ \S+ of shared file pages", r.stdout), r.stdout
     # bench_real_size.py --parts tp-program reads these lines: each rank on its own core, its figures in bytes
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        from real_size_report import tp_program_ranks
-    finally:
-        sys.path.pop(0)
-    ranks = tp_program_ranks(r.stdout)
+    ranks = seed_examples.benchmark_module("real_size_report").tp_program_ranks(r.stdout)
     assert sorted(ranks) == [0, 1] and [ranks[k]["core"] for k in (0, 1)] == [0, 1], r.stdout
     for v in ranks.values():  # once loaded and at the end
         assert v["own_loaded"] > 1e8 and v["own_end"] > 1e8 and v["shared_end"] > 0, ranks

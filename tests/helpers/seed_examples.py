@@ -1,6 +1,7 @@
-"""What the tests of the seed's programs share (test_seed_examples*.py): running a program, and
-what plain PyTorch on CPU draws, the oracle."""
+"""What the tests of the seed's programs share (test_seed_examples*.py, test_real_size.py): running a
+program, what plain PyTorch on CPU draws (the oracle), and the benchmarks' modules that measure them."""
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from PIL import Image
 from helpers.isolated import environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
 SIZE = ["--height", "128", "--width", "128"]
 PIXEL_TOLERANCE = 2  # out of 255: PNG rounding of float32 results that differ in the last bits
 PROMPT = "a golden retriever surfing a wave, photorealistic"
@@ -41,3 +43,12 @@ def cpu_image():
     torch.manual_seed(0)
     image = pipe(prompt=PROMPT, height=128, width=128, num_inference_steps=4).images[0]
     return np.asarray(image, dtype=np.int16)
+
+
+def benchmark_module(name: str):
+    """A module beside the benchmarks (they import each other by their plain names)."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(BENCHMARKS)

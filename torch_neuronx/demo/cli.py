@@ -44,15 +44,17 @@ class Phase:
     difference: str = ""
 
 
-def generate(pipe, height: int, width: int, steps: int, seed: int, max_sequence_length: int = 512) -> np.ndarray:
-    """The seed's call. On CPU, float64 is narrowed as diffusers narrows it on neuron, so that CPU is the oracle."""
-    torch.manual_seed(seed)
+def generate(pipe, args, height: int | None = None, width: int | None = None, steps: int | None = None) -> np.ndarray:
+    """The seed's call with the options' size, steps, seed and prompt length (or the size or steps given). On
+    CPU, float64 is narrowed as diffusers narrows it on neuron, so that CPU is the oracle."""
+    torch.manual_seed(args.seed)
     # A step-distilled Klein ignores guidance (and says so at every call, unless asked for none).
     guidance = {"guidance_scale": 1.0} if pipe.config.get("is_distilled") else {}
     narrowing = cpu_computing_as_neuron() if pipe.device.type == "cpu" else contextlib.nullcontext()
     with narrowing:
-        return pipe(prompt=PROMPT, height=height, width=width, num_inference_steps=steps, output_type="np",
-                    max_sequence_length=max_sequence_length, **guidance).images[0]
+        return pipe(prompt=PROMPT, height=height or args.height, width=width or args.width,
+                    num_inference_steps=steps or args.steps, output_type="np",
+                    max_sequence_length=args.max_sequence_length, **guidance).images[0]
 
 
 def compare(name: str, image: np.ndarray, reference: np.ndarray, label: str) -> str:
@@ -75,7 +77,7 @@ class Phases:
         steps = steps or self.args.steps
         before = len(torch.neuron.get_dynamo_metrics())
         start = time.perf_counter()
-        image = generate(pipe, height, width, steps, self.args.seed, self.args.max_sequence_length)
+        image = generate(pipe, self.args, height, width, steps)
         seconds = time.perf_counter() - start
         new = torch.neuron.get_dynamo_metrics()[before:]
         graphs = len(new) if self.compiling and pipe.device.type == "neuron" else None
@@ -212,10 +214,10 @@ def readiness(pipe, args, source: str, dtype: torch.dtype) -> None:
     reload_transformer(pipe, source, dtype)
     diagnostics.start()
     with diagnostics.phase("eager generation"):
-        generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
+        generate(pipe, args)
     pipe.transformer.compile(backend="neuron", fullgraph=True, dynamic=False)
     with diagnostics.phase("compiled generation"):
-        generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
+        generate(pipe, args)
     diagnostics.stop()
     report = diagnostics.report()
     paths = diagnostics.write(report, args.report_dir)
@@ -238,16 +240,16 @@ def tensor_parallel(args, source: str, dtype: torch.dtype) -> None:
                                                           parallel_config=TensorParallelConfig(mesh=mesh))
     pipe = Flux2KleinPipeline.from_pretrained(source, transformer=transformer, dtype=dtype)
     pipe.to(device)
-    generate(pipe, args.height, args.width, 1, args.seed, args.max_sequence_length)  # warm-up
+    generate(pipe, args, steps=1)  # warm-up
     start = time.perf_counter()
-    image = generate(pipe, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
+    image = generate(pipe, args)
     seconds = time.perf_counter() - start
     peaks = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, torch.neuron.max_memory_allocated())  # this rank's core, neuron:<LOCAL_RANK>
     if rank == 0:
         one_core = Flux2KleinPipeline.from_pretrained(source, dtype=dtype).to(device)
         start = time.perf_counter()
-        reference = generate(one_core, args.height, args.width, args.steps, args.seed, args.max_sequence_length)
+        reference = generate(one_core, args)
         single = time.perf_counter() - start
         check = compare("tensor parallel", image, reference, "one core")
         print(f"\n{describe_device()}")

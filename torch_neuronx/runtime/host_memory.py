@@ -83,10 +83,10 @@ def require_disk(directory: str, needed: int, what: str, fix: str) -> None:
                               f"{format_bytes(free)} free. To fix: {fix}.")
 
 
-def resident_bytes() -> tuple[int, int]:
-    """This process's resident memory now: its own (RssAnon: what it wrote or allocated) and file pages
-    (RssFile: a mapped checkpoint's, shared with every process mapping the same file)."""
-    values = _kib_fields("/proc/self/status")
+def resident_bytes(pid: int | str = "self") -> tuple[int, int]:
+    """A process's resident memory now (this one's by default): its own (RssAnon: what it wrote or allocated)
+    and file pages (RssFile: a mapped checkpoint's, shared with every process mapping the same file)."""
+    values = _kib_fields(f"/proc/{pid}/status")
     return values["RssAnon"], values["RssFile"]
 
 
