@@ -93,8 +93,10 @@ struct BlockHeader {
 
 void free_block(void* ctx) {
   auto* header = static_cast<BlockHeader*>(ctx);
-  record_free(header->device, static_cast<int64_t>(header->nbytes));
+  const size_t nbytes = header->nbytes;
+  record_free(header->device, static_cast<int64_t>(nbytes));
   c10::free_cpu(header);
+  note_host_churn(nbytes);
 }
 
 // A c10::DeviceAllocator, so torch.accelerator's memory API (memory_allocated,
@@ -164,8 +166,10 @@ struct AdoptedBlock {
 
 void free_adopted(void* ctx) {
   auto* block = static_cast<AdoptedBlock*>(ctx);
-  record_free(block->device, static_cast<int64_t>(block->nbytes));
+  const size_t nbytes = block->nbytes;
+  record_free(block->device, static_cast<int64_t>(nbytes));
   delete block;
+  note_host_churn(nbytes);
 }
 
 // Pinned host memory: plain host memory whose pointers we remember, so that
@@ -306,7 +310,7 @@ std::string host_shortfall(size_t nbytes) {
 
 }  // namespace
 
-void note_copy_to_device(size_t nbytes) {
+void note_host_churn(size_t nbytes) {
   constexpr int64_t kTrimEveryBytes = int64_t{64} << 20;
   constexpr int64_t kMinTrimIntervalNs = 1'000'000'000;  // bounds what re-faulting released pages can cost a loop
   static std::atomic<int64_t> since_trim{0};
