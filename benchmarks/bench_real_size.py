@@ -286,12 +286,12 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 class RankMemory:
     """Samples, from outside, the anonymous and file-backed memory of torchrun's ranks (the launcher's
-    children running the example): each rank's peak, and the peak of their sum at one instant."""
+    children running ``script``): each rank's peak, and the peak of their sum at one instant."""
 
-    def __init__(self, launcher_pid, interval_s=0.1):
+    def __init__(self, launcher_pid, script, interval_s=0.1):
         import threading
 
-        self.launcher_pid, self.interval_s = launcher_pid, interval_s
+        self.launcher_pid, self.script, self.interval_s = launcher_pid, script, interval_s
         self.rank_anon_peak, self.total_anon_peak, self.total_file_at_peak = {}, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -304,7 +304,7 @@ class RankMemory:
             tree = psutil.Process(self.launcher_pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [p for p in tree if _is_rank(p)]
+        return [p for p in tree if _is_rank(p, self.script)]
 
     def _sample(self):
         from torch_neuronx.runtime import host_memory
@@ -326,37 +326,23 @@ class RankMemory:
         self._thread.join()
 
 
-def _is_rank(process):
+def _is_rank(process, script):
     import psutil
 
     try:
         cmdline = process.cmdline()
     except psutil.Error:
         return False
-    return EXAMPLE in cmdline and "torch.distributed.run" not in cmdline
+    return script in cmdline and "torch.distributed.run" not in cmdline
 
 
-def tp_program_part(opts, cache_dir):
-    """torchrun --nproc_per_node N examples/tensor_parallel_neuron.py --model real-size-random, then the same
-    call on CPU in one process: the host's anonymous memory against the weights, and rank 0's image."""
+def _run_ranks(cmd, script, env, cwd):
+    """torchrun ``cmd`` under a RankMemory sampler: (seconds, stdout, RankMemory), or {"error": ...}."""
     import subprocess
 
-    from torch_neuronx.demo import pipelines, real_size
-
-    if not depth(opts).is_real:
-        raise SystemExit("--parts tp-program runs the seed's program as is: the real depth only (--depth 5,20,36)")
-    path = real_size.real_size_random_path()
-    out_dir = tempfile.mkdtemp(prefix="tp-program-", dir=cache_dir)
-    image_path = os.path.join(out_dir, "tp.png")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={opts.ranks}", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=localhost:0", EXAMPLE, "--model", real_size.NAME, "--height", str(opts.size),
-           "--width", str(opts.size), "--steps", str(opts.steps), "--output", image_path]
-    # the user's own allocator settings, not the benchmark's (which keep freed memory to time both sides alike)
-    env = {k: v for k, v in _child_env(cache_dir).items() if k not in common.MALLOC_ENV}
     start = time.perf_counter()
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_dir,
-                          env=env) as proc:
-        memory = RankMemory(proc.pid)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env) as proc:
+        memory = RankMemory(proc.pid, script)
         try:
             out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -365,22 +351,100 @@ def tp_program_part(opts, cache_dir):
             return {"error": f"torchrun timed out after {CHILD_TIMEOUT_S} s", "stderr": err[-4000:]}
         finally:
             memory.stop()
-    wall_s = time.perf_counter() - start
     if proc.returncode != 0:
         return {"error": f"torchrun exit code {proc.returncode}", "stderr": (out + err)[-4000:]}
+    return time.perf_counter() - start, out, memory
+
+
+def _torchrun(opts):
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={opts.ranks}", "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0"]
+
+
+def tp_program_part(opts, cache_dir):
+    """torchrun --nproc_per_node N examples/tensor_parallel_neuron.py --model real-size-random, then the same
+    program on CPU ranks (gloo) and the same call on CPU in one process: the host's anonymous memory against
+    the weights and against CPU's ranks, and rank 0's image against both."""
+    from torch_neuronx.demo import pipelines, real_size
+
+    if not depth(opts).is_real:
+        raise SystemExit("--parts tp-program runs the seed's program as is: the real depth only (--depth 5,20,36)")
+    path = real_size.real_size_random_path()
+    out_dir = tempfile.mkdtemp(prefix="tp-program-", dir=cache_dir)
+    image_path, cpu_image_path = os.path.join(out_dir, "tp.png"), os.path.join(out_dir, "tp-cpu.png")
+    size = ["--height", str(opts.size), "--width", str(opts.size), "--steps", str(opts.steps)]
+    # the user's own allocator settings, not the benchmark's (which keep freed memory to time both sides alike)
+    env = {k: v for k, v in _child_env(cache_dir).items() if k not in common.MALLOC_ENV}
+    run = _run_ranks([*_torchrun(opts), EXAMPLE, "--model", real_size.NAME, *size, "--output", image_path],
+                     EXAMPLE, env, out_dir)
+    if isinstance(run, dict):
+        return run
+    wall_s, out, memory = run
     from real_size_report import tp_program_ranks
 
-    ranks = tp_program_ranks(out)
-    peaks = sorted(memory.rank_anon_peak.values(), reverse=True)
-    reference = spawn("tp-program-reference", opts, cache_dir, ["--_out", image_path])
-    return {"wall_s": wall_s, "ranks": ranks, "rank_anon_peaks": peaks, "total_anon_peak": memory.total_anon_peak,
-            "total_file_at_peak": memory.total_file_at_peak, "component_bytes": pipelines._component_bytes(path),
-            "reference": reference, "host_total": _host_total(), "stdout": out[-3000:]}
+    script = os.path.abspath(__file__)
+    cpu_run = _run_ranks([*_torchrun(opts), script, "--_part", "tp-program-cpu-rank", "--size", str(opts.size),
+                          "--steps", str(opts.steps), "--_out", cpu_image_path], script, env, out_dir)
+    cpu_ranks = cpu_run if isinstance(cpu_run, dict) else {
+        "wall_s": cpu_run[0], "rank_anon_peaks": sorted(cpu_run[2].rank_anon_peak.values(), reverse=True),
+        "total_anon_peak": cpu_run[2].total_anon_peak}
+    reference = spawn("tp-program-reference", opts, cache_dir,
+                      ["--_out", image_path + ("" if isinstance(cpu_run, dict) else os.pathsep + cpu_image_path)])
+    return {"wall_s": wall_s, "ranks": tp_program_ranks(out),
+            "rank_anon_peaks": sorted(memory.rank_anon_peak.values(), reverse=True),
+            "total_anon_peak": memory.total_anon_peak, "total_file_at_peak": memory.total_file_at_peak,
+            "component_bytes": pipelines._component_bytes(path), "cpu_ranks": cpu_ranks, "reference": reference,
+            "host_total": _host_total(), "stdout": out[-3000:]}
 
 
-def run_tp_program_reference(opts, image_path):
+def run_tp_program_cpu_rank(opts, image_path):
+    """One CPU rank of the example's program: the same streaming loader, shards and call, with gloo and
+    DeviceMesh("cpu"), diffusers' float64 narrowed as on neuron. Rank 0 saves the image.
+
+    diffusers allows tensor parallelism on accelerators only, and places the shards on the accelerator
+    (neuron here): the twin lifts that check and places them on CPU, and changes nothing else."""
+    import diffusers.hooks.tensor_parallel as diffusers_tp
+    import torch
+    import torch.distributed as dist
+    from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel, TensorParallelConfig
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import real_size_parts as parts
+    from torch_neuronx.demo.cli import PROMPT
+    from torch_neuronx.demo.real_size import real_size_random_path
+
+    class CpuTensorParallelConfig(TensorParallelConfig):
+        def setup(self, rank, world_size, device, mesh):
+            super().setup(rank, world_size, torch.device("cpu"), mesh)
+
+    diffusers_tp._SUPPORTED_TP_DEVICES = (*diffusers_tp._SUPPORTED_TP_DEVICES, "cpu")
+    parts.narrow_cpu_like_neuron()
+    dist.init_process_group(backend="gloo")
+    mesh = DeviceMesh("cpu", list(range(dist.get_world_size())))
+    source = real_size_random_path()
+    torch.manual_seed(0)  # where the example seeds
+    transformer = Flux2Transformer2DModel.from_pretrained(source, subfolder="transformer", dtype=torch.bfloat16,
+                                                          parallel_config=CpuTensorParallelConfig(mesh=mesh))
+    pipe = Flux2KleinPipeline.from_pretrained(source, transformer=transformer, dtype=torch.bfloat16)
+    image = pipe(prompt=PROMPT, height=opts.size, width=opts.size, num_inference_steps=opts.steps).images[0]
+    if dist.get_rank() == 0:
+        image.save(image_path)
+    dist.destroy_process_group()
+
+
+def _image_difference(got, expected):
+    import numpy as np
+
+    difference = np.abs(got - expected)
+    return {"max_abs_diff": int(difference.max()), "mean_abs_diff": float(difference.mean()),
+            "p999_abs_diff": float(np.percentile(difference, 99.9)), "share_over_2": float((difference > 2).mean()),
+            "relative_rms": float(np.sqrt((difference.astype(np.float64) ** 2).mean()) / expected.std())}
+
+
+def run_tp_program_reference(opts, image_paths):
     """The example's call on CPU in one process (diffusers' float64 narrowed as on neuron): rank 0's image
-    against it."""
+    against it, and against the CPU ranks' image when there is one (``image_paths``: the neuron ranks'
+    image, then the CPU ranks', joined by os.pathsep)."""
     import numpy as np
     import torch
     from diffusers import Flux2KleinPipeline
@@ -399,12 +463,13 @@ def run_tp_program_reference(opts, image_path):
     expected = np.asarray(pipe(prompt=PROMPT, height=opts.size, width=opts.size,
                                num_inference_steps=opts.steps).images[0], dtype=np.int16)
     call_s = time.perf_counter() - start
-    got = np.asarray(Image.open(image_path), dtype=np.int16)
-    difference = np.abs(got - expected)
-    emit({"call_s": call_s, **peaks.peaks(), "max_abs_diff": int(difference.max()),
-          "mean_abs_diff": float(difference.mean()), "p999_abs_diff": float(np.percentile(difference, 99.9)),
-          "share_over_2": float((difference > 2).mean()), "expected_std": float(expected.std()),
-          "relative_rms": float(np.sqrt((difference.astype(np.float64) ** 2).mean()) / expected.std())})
+    images = [np.asarray(Image.open(p), dtype=np.int16) for p in image_paths.split(os.pathsep)]
+    result = {"call_s": call_s, **peaks.peaks(), **_image_difference(images[0], expected),
+              "expected_std": float(expected.std())}
+    if len(images) == 2:
+        result["vs_cpu_ranks"] = _image_difference(images[0], images[1])
+        result["cpu_ranks_vs_one_process"] = _image_difference(images[1], expected)
+    emit(result)
 
 
 # ---------------------------------------------------------------- from_pretrained to first image (children)
@@ -518,6 +583,8 @@ def main():
         return run_tp_rank(opts, opts._out)
     if opts._part == "tp-reference":
         return run_tp_reference(opts, opts._out)
+    if opts._part == "tp-program-cpu-rank":
+        return run_tp_program_cpu_rank(opts, opts._out)
     if opts._part == "tp-program-reference":
         return run_tp_program_reference(opts, opts._out)
     if opts._part == "cold-compile":
