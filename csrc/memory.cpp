@@ -93,10 +93,8 @@ struct BlockHeader {
 
 void free_block(void* ctx) {
   auto* header = static_cast<BlockHeader*>(ctx);
-  const size_t nbytes = header->nbytes;
-  record_free(header->device, static_cast<int64_t>(nbytes));
+  record_free(header->device, static_cast<int64_t>(header->nbytes));
   c10::free_cpu(header);
-  note_host_churn(nbytes);
 }
 
 // A c10::DeviceAllocator, so torch.accelerator's memory API (memory_allocated,
@@ -166,10 +164,8 @@ struct AdoptedBlock {
 
 void free_adopted(void* ctx) {
   auto* block = static_cast<AdoptedBlock*>(ctx);
-  const size_t nbytes = block->nbytes;
-  record_free(block->device, static_cast<int64_t>(nbytes));
+  record_free(block->device, static_cast<int64_t>(block->nbytes));
   delete block;
-  note_host_churn(nbytes);
 }
 
 // Pinned host memory: plain host memory whose pointers we remember, so that
@@ -310,7 +306,7 @@ std::string host_shortfall(size_t nbytes) {
 
 }  // namespace
 
-void note_host_churn(size_t nbytes) {
+void note_copy_to_device(size_t nbytes) {
   constexpr int64_t kTrimEveryBytes = int64_t{64} << 20;
   constexpr int64_t kMinTrimIntervalNs = 1'000'000'000;  // bounds what re-faulting released pages can cost a loop
   static std::atomic<int64_t> since_trim{0};

@@ -110,11 +110,10 @@ void record_alloc(c10::DeviceIndex index, int64_t nbytes);
 void record_free(c10::DeviceIndex index, int64_t nbytes);
 void reset_peak_stats(c10::DeviceIndex index);
 void reset_accumulated_stats(c10::DeviceIndex index);
-// A host tensor was copied into a new neuron block, or a neuron block was freed. A loader's
-// temporaries (a shard sliced and made contiguous, then moved) die around the long-lived blocks and
-// leave holes inside the malloc heap; later blocks land in them, and glibc keeps every hole it has
-// used resident. After every 64 MiB moved or freed, at most once a second, the free pages are returned.
-void note_host_churn(size_t nbytes);
+// A host tensor was copied into a new neuron block. A loader's temporaries (a shard sliced and made
+// contiguous, then moved) die around the long-lived blocks and leave free memory inside the malloc
+// heap that it keeps resident: after every 64 MiB moved, at most once a second, it is returned.
+void note_copy_to_device(size_t nbytes);
 // Said in out-of-memory errors: which instance is emulated ("an emulated trn2.3xlarge (LNC=2)").
 void set_instance_description(std::string description);
 

@@ -214,37 +214,3 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
         left[device] = int(r.stdout)
     assert left["cpu"] > 100 * MiB, left  # the holes plain PyTorch keeps
     assert left["neuron"] < 32 * MiB, left
-
-
-def test_holes_a_call_faulted_back_in_are_returned_as_its_blocks_are_freed():
-    # The same loader, then a call: transient tensors of many sizes, each freed before the next. Each lands in
-    # the hole a temporary of its size left between the moved blocks (kept there by the small allocations
-    # made beside each move), faults it back in, and glibc keeps it resident once freed: 0.6 GB a rank of
-    # FLUX.2-klein's tensor-parallel program at real size. Freed blocks count as moves do: every 64 MiB, at
-    # most once a second, the heap's free pages are returned. Control: plain PyTorch, its heap trimmed alike
-    # after loading, keeps every hole the call used.
-    program = """
-        import ctypes, sys, time, torch
-        from torch_neuronx.runtime import host_memory
-        device = sys.argv[1]
-        move = (lambda t: t.clone()) if device == "cpu" else (lambda t: t.to("neuron"))
-        kept = []
-        for i in range(64):  # 2.0 to 4.4 MiB, as in the test above
-            temporary = torch.cat([torch.ones(256 * 1024 + i * 10_000), torch.ones(256 * 1024)])
-            kept.append(move(temporary))
-            del temporary
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        start = host_memory.resident_bytes()[0]
-        for i in range(64):  # the call
-            torch.full((512 * 1024 + i * 10_000,), 2.0, device=device)
-        time.sleep(1.1)
-        torch.full((16 << 20,), 2.0, device=device)  # 64 MiB freed: outside the heap, a trim is due
-        print(host_memory.resident_bytes()[0] - start)
-    """
-    grown = {}
-    for device in ("cpu", "neuron"):  # a process each: a fresh heap
-        r = run(program, argv=[device])
-        assert r.returncode == 0, r.stderr
-        grown[device] = int(r.stdout)
-    assert grown["cpu"] > 100 * MiB, grown  # the holes, faulted in one by one
-    assert grown["neuron"] < 16 * MiB, grown
