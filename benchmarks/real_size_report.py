@@ -13,6 +13,7 @@ COMPILED_TARGET = 1.03
 MEMORY_TARGET = 1.10  # the anonymous peak over the weights
 LOAD_TARGET = 1.05  # from_pretrained to the first image, neuron / CPU (issue 50)
 TP_SLACK = 1e9  # the TP program's anonymous total may exceed the transformer + activations by this (issue 50)
+TP_CPU_MEMORY_TARGET = 1.05  # the TP program's anonymous total, neuron ranks / the same program's CPU ranks
 
 
 def large_options(opts):
@@ -52,6 +53,10 @@ def target_entries(results, target):
             entries.append(target(f"real size tp program: anonymous total / (transformer + activations as the "
                                   f"{counted_by} counts them + 1 GB)",
                                   [program["total_anon_peak"] / tp_program_budget(program, counted_by)], 1.0))
+        if "total_anon_peak" in program.get("cpu_ranks", {}):
+            entries.append(target("real size tp program: anonymous total, neuron ranks / CPU ranks",
+                                  [program["total_anon_peak"] / program["cpu_ranks"]["total_anon_peak"]],
+                                  TP_CPU_MEMORY_TARGET))
     if "ranks" in tp:
         entries.append(target("real size tp: sum of rank peaks / host memory", [tp["sum_anon_peak"] / tp["host_total"]],
                               1.0))
@@ -159,6 +164,14 @@ def tp_program_ranks(stdout):
     return ranks
 
 
+def _image_difference(d):
+    if d["max_abs_diff"] == 0:
+        return "equal, bit for bit"
+    return (f"max abs difference {d['max_abs_diff']} of 255, mean {d['mean_abs_diff']:.3f}, 99.9th percentile "
+            f"{d['p999_abs_diff']:.1f}, {100 * d['share_over_2']:.2f}% of values over 2, RMS "
+            f"{d.get('relative_rms', float('nan')):.4f} of the image's std")
+
+
 def tp_program_activations(program, counted_by="core"):
     """The ranks' activations: as their cores count them (each one's peak less what it held once loaded),
     or as the host does ("host": what the call added to each process's own memory at its peak, the host
@@ -180,12 +193,18 @@ def _tp_program_lines(program, opts):
     rows = [[r, _gb(v["own_loaded"]), _gb(v["own_end"]), _gb(v["shared_end"]), _gb(v["core_loaded"]),
              _gb(v["core_peak"])] for r, v in sorted(ranks.items())]
     ref = program["reference"]
-    check = (f"rank 0's image against the same call on CPU in one process: max abs difference {ref['max_abs_diff']} "
-             f"of 255, mean {ref['mean_abs_diff']:.3f}, 99.9th percentile {ref['p999_abs_diff']:.1f}, "
-             f"{100 * ref['share_over_2']:.2f}% of values over 2, RMS {ref.get('relative_rms', float('nan')):.4f} of the CPU "
-             f"image's std ({ref['expected_std']:.1f}); the CPU "
-             f"call took {ref['call_s']:.0f} s with an anonymous peak of {_gb(ref['anon_peak'])}"
-             if "error" not in ref else f"the CPU reference failed ({ref['error']})")
+    check = (f"rank 0's image against the same call on CPU in one process: {_image_difference(ref)} (CPU image "
+             f"std {ref['expected_std']:.1f}); the CPU call took {ref['call_s']:.0f} s with an anonymous peak of "
+             f"{_gb(ref['anon_peak'])}" if "error" not in ref else f"the CPU reference failed ({ref['error']})")
+    cpu_ranks = program.get("cpu_ranks", {})
+    if "error" in cpu_ranks:
+        check += f". The same program on CPU ranks failed ({cpu_ranks['error']})"
+    elif "vs_cpu_ranks" in ref:
+        check += (f". The same program on {len(cpu_ranks['rank_anon_peaks'])} CPU ranks (gloo) took "
+                  f"{cpu_ranks['wall_s']:.0f} s; their anonymous peaks {', '.join(_gb(p) for p in cpu_ranks['rank_anon_peaks'])}, "
+                  f"their sum at one instant {_gb(cpu_ranks['total_anon_peak'])}. Rank 0's image against theirs: "
+                  f"{_image_difference(ref['vs_cpu_ranks'])}; theirs against the call in one process: "
+                  f"{_image_difference(ref['cpu_ranks_vs_one_process'])}")
     sizes = program["component_bytes"]
     return [f"**The TP program**, `torchrun --nproc_per_node {len(ranks)} examples/tensor_parallel_neuron.py --model "
             f"real-size-random --height {opts.size} --width {opts.size} --steps {opts.steps}`, "
