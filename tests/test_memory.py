@@ -214,3 +214,55 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
         left[device] = int(r.stdout)
     assert left["cpu"] > 100 * MiB, left  # the holes plain PyTorch keeps
     assert left["neuron"] < 32 * MiB, left
+
+
+def test_a_loaders_temporaries_leave_no_holes_for_a_call_to_fault_back_in():
+    # The same loader, then a call: transients of many sizes, each freed before the next. In the malloc
+    # heap, each temporary's hole would be kept from coalescing by the small objects made beside its move;
+    # a call's transients then land in those holes one by one, fault them back in, and glibc keeps them
+    # resident (0.6 GB a rank of FLUX.2-klein's tensor-parallel program at real size). While a loader
+    # moves, blocks of 1 MiB or more get mappings of their own, so no hole is left. Control: plain PyTorch
+    # cloning alike, its heap trimmed as the moves trim ours.
+    program = """
+        import ctypes, sys, torch
+        from torch_neuronx.runtime import host_memory
+        device = sys.argv[1]
+        move = (lambda t: t.clone()) if device == "cpu" else (lambda t: t.to("neuron"))
+        kept = []
+        for i in range(64):  # 2.0 to 4.4 MiB, as in the test above
+            temporary = torch.cat([torch.ones(256 * 1024 + i * 10_000), torch.ones(256 * 1024)])
+            kept.append(move(temporary))
+            del temporary
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        start = host_memory.resident_bytes()[0]
+        for i in range(64):  # the call: each transient fits the hole a temporary of its size left
+            torch.full((512 * 1024 + i * 10_000,), 2.0, device=device)
+        print(host_memory.resident_bytes()[0] - start)
+    """
+    grown = {}
+    for device in ("cpu", "neuron"):  # a process each: a fresh heap
+        r = run(program, argv=[device])
+        assert r.returncode == 0, r.stderr
+        grown[device] = int(r.stdout)
+    assert grown["cpu"] > 64 * MiB, grown  # the holes, faulted in one by one
+    assert grown["neuron"] < 32 * MiB, grown
+
+
+def test_moving_to_neuron_leaves_the_users_malloc_tuning_alone():
+    # A user's (or a benchmark's) own thresholds stay: a loader's temporaries then stay in the heap, as they
+    # would on CPU.
+    program = """
+        import ctypes, torch
+        libc = ctypes.CDLL("libc.so.6")
+        kept = [torch.ones(1 << 20).to("neuron") for _ in range(8)]  # 4 MiB each: in the heap, as tuned
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+        libc.mallinfo2.restype = Info
+        print(libc.mallinfo2().hblks)
+    """
+    mapped = {}
+    for tuned in (False, True):
+        r = run(program, **({"MALLOC_MMAP_THRESHOLD_": str(64 << 20)} if tuned else {}))
+        assert r.returncode == 0, r.stderr
+        mapped[tuned] = int(r.stdout)
+    assert mapped[True] < 8 <= mapped[False], mapped  # blocks the allocator mapped, tuned or not
