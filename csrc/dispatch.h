@@ -108,10 +108,7 @@ c10::StorageImpl* aliased_neuron_storage(const c10::Storage& cpu_storage);
 // storage, so CPU overlap checks and view detection see what they would on CPU.
 class CallContext {
  public:
-  explicit CallContext(const char* op_name) : op_name_(op_name) {
-    sync_intraop_threads();
-    if (C10_UNLIKELY(g_moving_to_device.load(std::memory_order_relaxed))) end_moving_to_device(op_name);
-  }
+  explicit CallContext(const char* op_name) : op_name_(op_name) { sync_intraop_threads(); }
   ~CallContext() {
     if (C10_UNLIKELY(op_tracking_level() != 0)) record_op(*this);
   }

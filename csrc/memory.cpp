@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #if defined(__GLIBC__)
@@ -307,55 +306,7 @@ std::string host_shortfall(size_t nbytes) {
 
 }  // namespace
 
-std::atomic<bool> g_moving_to_device{false};
-
-namespace {
-
-constexpr size_t kMovingMmapBytes = size_t{1} << 20;
-// glibc's own bounds for its dynamic thresholds (64-bit), which a mallopt turns off: where a warmed-up
-// process's thresholds end, so blocks under 32 MiB are reused from the heap as before.
-constexpr int kSettledMmapBytes = 32 << 20;
-constexpr int kSettledTrimBytes = 64 << 20;
-
-bool malloc_tuned_by_user() {
-  static const bool tuned = [] {
-    const char* tunables = std::getenv("GLIBC_TUNABLES");
-    return std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
-           (tunables != nullptr && (std::strstr(tunables, "mmap_threshold") != nullptr ||
-                                    std::strstr(tunables, "trim_threshold") != nullptr));
-  }();
-  return tuned;
-}
-
-std::mutex g_moving_mutex;
-
-void begin_moving_to_device() {
-#if defined(__GLIBC__)
-  if (g_moving_to_device.load(std::memory_order_relaxed) || malloc_tuned_by_user()) return;
-  std::lock_guard<std::mutex> lock(g_moving_mutex);
-  if (g_moving_to_device.load(std::memory_order_relaxed)) return;
-  mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMovingMmapBytes));
-  g_moving_to_device.store(true, std::memory_order_relaxed);
-#endif
-}
-
-}  // namespace
-
-void end_moving_to_device(const char* op_name) {
-#if defined(__GLIBC__)
-  // A loader moves with _to_copy (or copy_ into a block), and views and detaches what it moved, which
-  // are no calls here.
-  if (std::strcmp(op_name, "aten::_to_copy") == 0 || std::strcmp(op_name, "aten::copy_") == 0) return;
-  std::lock_guard<std::mutex> lock(g_moving_mutex);
-  if (!g_moving_to_device.load(std::memory_order_relaxed)) return;
-  mallopt(M_MMAP_THRESHOLD, kSettledMmapBytes);
-  mallopt(M_TRIM_THRESHOLD, kSettledTrimBytes);
-  g_moving_to_device.store(false, std::memory_order_relaxed);
-#endif
-}
-
 void note_copy_to_device(size_t nbytes) {
-  if (nbytes >= kMovingMmapBytes) begin_moving_to_device();
   constexpr int64_t kTrimEveryBytes = int64_t{64} << 20;
   constexpr int64_t kMinTrimIntervalNs = 1'000'000'000;  // bounds what re-faulting released pages can cost a loop
   static std::atomic<int64_t> since_trim{0};

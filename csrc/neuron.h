@@ -114,13 +114,6 @@ void reset_accumulated_stats(c10::DeviceIndex index);
 // contiguous, then moved) die around the long-lived blocks and leave free memory inside the malloc
 // heap that it keeps resident: after every 64 MiB moved, at most once a second, it is returned.
 void note_copy_to_device(size_t nbytes);
-// While a loader moves tensors (a copy of 1 MiB or more from the host, and no other neuron op since),
-// host blocks of 1 MiB or more get mappings of their own, so a loader's temporaries are unmapped when
-// freed instead of leaving holes in the heap between the blocks it keeps; a call's activations would
-// fault those holes back in and keep them. The first other op ends it. Not when the user tunes malloc
-// (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES).
-extern std::atomic<bool> g_moving_to_device;
-void end_moving_to_device(const char* op_name);
 // Said in out-of-memory errors: which instance is emulated ("an emulated trn2.3xlarge (LNC=2)").
 void set_instance_description(std::string description);
 
