@@ -325,6 +325,9 @@ class RankMemory:
         self._stop.set()
         self._thread.join()
 
+    def rank_peaks(self):
+        return sorted(self.rank_anon_peak.values(), reverse=True)
+
 
 def _is_rank(process, script):
     import psutil
@@ -385,13 +388,15 @@ def tp_program_part(opts, cache_dir):
     script = os.path.abspath(__file__)
     cpu_run = _run_ranks([*_torchrun(opts), script, "--_part", "tp-program-cpu-rank", "--size", str(opts.size),
                           "--steps", str(opts.steps), "--_out", cpu_image_path], script, env, out_dir)
-    cpu_ranks = cpu_run if isinstance(cpu_run, dict) else {
-        "wall_s": cpu_run[0], "rank_anon_peaks": sorted(cpu_run[2].rank_anon_peak.values(), reverse=True),
-        "total_anon_peak": cpu_run[2].total_anon_peak}
-    reference = spawn("tp-program-reference", opts, cache_dir,
-                      ["--_out", image_path + ("" if isinstance(cpu_run, dict) else os.pathsep + cpu_image_path)])
-    return {"wall_s": wall_s, "ranks": tp_program_ranks(out),
-            "rank_anon_peaks": sorted(memory.rank_anon_peak.values(), reverse=True),
+    if isinstance(cpu_run, dict):
+        cpu_ranks, images = cpu_run, image_path
+    else:
+        cpu_wall_s, _, cpu_memory = cpu_run
+        cpu_ranks = {"wall_s": cpu_wall_s, "rank_anon_peaks": cpu_memory.rank_peaks(),
+                     "total_anon_peak": cpu_memory.total_anon_peak}
+        images = image_path + os.pathsep + cpu_image_path
+    reference = spawn("tp-program-reference", opts, cache_dir, ["--_out", images])
+    return {"wall_s": wall_s, "ranks": tp_program_ranks(out), "rank_anon_peaks": memory.rank_peaks(),
             "total_anon_peak": memory.total_anon_peak, "total_file_at_peak": memory.total_file_at_peak,
             "component_bytes": pipelines._component_bytes(path), "cpu_ranks": cpu_ranks, "reference": reference,
             "host_total": _host_total(), "stdout": out[-3000:]}

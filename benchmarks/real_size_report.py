@@ -164,7 +164,7 @@ def tp_program_ranks(stdout):
     return ranks
 
 
-def _image_difference(d):
+def _describe_difference(d):
     if d["max_abs_diff"] == 0:
         return "equal, bit for bit"
     return (f"max abs difference {d['max_abs_diff']} of 255, mean {d['mean_abs_diff']:.3f}, 99.9th percentile "
@@ -193,7 +193,7 @@ def _tp_program_lines(program, opts):
     rows = [[r, _gb(v["own_loaded"]), _gb(v["own_end"]), _gb(v["shared_end"]), _gb(v["core_loaded"]),
              _gb(v["core_peak"])] for r, v in sorted(ranks.items())]
     ref = program["reference"]
-    check = (f"rank 0's image against the same call on CPU in one process: {_image_difference(ref)} (CPU image "
+    check = (f"rank 0's image against the same call on CPU in one process: {_describe_difference(ref)} (CPU image "
              f"std {ref['expected_std']:.1f}); the CPU call took {ref['call_s']:.0f} s with an anonymous peak of "
              f"{_gb(ref['anon_peak'])}" if "error" not in ref else f"the CPU reference failed ({ref['error']})")
     cpu_ranks = program.get("cpu_ranks", {})
@@ -203,8 +203,8 @@ def _tp_program_lines(program, opts):
         check += (f". The same program on {len(cpu_ranks['rank_anon_peaks'])} CPU ranks (gloo) took "
                   f"{cpu_ranks['wall_s']:.0f} s; their anonymous peaks {', '.join(_gb(p) for p in cpu_ranks['rank_anon_peaks'])}, "
                   f"their sum at one instant {_gb(cpu_ranks['total_anon_peak'])}. Rank 0's image against theirs: "
-                  f"{_image_difference(ref['vs_cpu_ranks'])}; theirs against the call in one process: "
-                  f"{_image_difference(ref['cpu_ranks_vs_one_process'])}")
+                  f"{_describe_difference(ref['vs_cpu_ranks'])}; theirs against the call in one process: "
+                  f"{_describe_difference(ref['cpu_ranks_vs_one_process'])}")
     sizes = program["component_bytes"]
     return [f"**The TP program**, `torchrun --nproc_per_node {len(ranks)} examples/tensor_parallel_neuron.py --model "
             f"real-size-random --height {opts.size} --width {opts.size} --steps {opts.steps}`, "
