@@ -48,6 +48,7 @@ def test_where_cpu_would_not_run_its_flash_kernel_neuron_runs_cpus_route():
     assert FUSED not in torch_neuronx.get_executed_ops()
 
 
+@pytest.mark.long  # two torchrun ranks: make test-long (CI runs it; make test stays under 10 minutes)
 def test_dtensor_shards_torchneurons_fused_ops_with_cpus_values(tmp_path):
     """Attention here, rms_norm too (one torchrun for both; see tests/test_rms_norm.py)."""
     r = isolated.torchrun(os.path.join(HERE, "distributed", "dtensor_fused_ops.py"), 2, RESULT_DIR=str(tmp_path))

@@ -176,6 +176,7 @@ def _run_writers(tmp_path, monkeypatch, locked, payload_expr):
     return cc.NeffCache(str(d)), key, [r[0].strip() for r in results]
 
 
+@pytest.mark.long  # concurrent compiling processes: make test-long (CI runs it; make test stays under 10 minutes)
 def test_concurrent_writers_with_compile_lock_compile_once(tmp_path, monkeypatch):
     payload = bytes(range(256)) * 4096  # 1 MiB
     cache, key, outcomes = _run_writers(tmp_path, monkeypatch, True, "bytes(range(256)) * 4096")
@@ -184,6 +185,7 @@ def test_concurrent_writers_with_compile_lock_compile_once(tmp_path, monkeypatch
     assert len(os.listdir(tmp_path / "locks")) == 1
 
 
+@pytest.mark.long  # concurrent compiling processes: make test-long (CI runs it; make test stays under 10 minutes)
 def test_concurrent_writers_without_lock_never_tear(tmp_path, monkeypatch):
     # Eight different 1 MiB payloads (each a single repeated byte) to one key: atomic replace means
     # the survivor is exactly one of them.

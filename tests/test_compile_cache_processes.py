@@ -55,6 +55,7 @@ def graph_entries(neff_dir):
     return [path for path in entry_files(neff_dir) if is_graph(path)]
 
 
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it; make test stays under 10 minutes)
 def test_cold_then_warm_then_corrupt(tmp_path):
     neff = tmp_path / "neff"
     cold, cold_log = compile_in_subprocess(neff, TORCH_NEURONX_LOG_LEVEL="2")
@@ -100,6 +101,7 @@ def test_concurrent_compilers_share_one_entry(tmp_path):
     assert len(graph_entries(neff)) == 1 and sum(r["counters"]["CorruptEntries"] for r in results) == 0
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it; make test stays under 10 minutes)
 def test_unwritable_directory_warns_once_and_compiles(tmp_path):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
@@ -342,6 +344,7 @@ def test_forced_capability_never_reuses_code_built_for_the_cpus_own_isa(tmp_path
 # A machine with other users. The attack reported: append a line to Inductor's generated module in
 # the cache, and it ran in the next process that compiled. Now the cache loads code only from a
 # directory yours alone, or verified with a key.
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it; make test stays under 10 minutes)
 def test_code_planted_in_a_cache_others_can_write_never_runs(tmp_path):
     neff, marker = tmp_path / "neff", tmp_path / "planted-code-ran"
     isolated = {"TMPDIR": str(tmp_path)}  # where the per-user fallback goes
@@ -371,8 +374,8 @@ def _logging_compiler(tmp_path):
     return str(wrapper), log
 
 
-@pytest.mark.parametrize("script", [SCRIPT, pytest.param(TRAIN_SCRIPT, marks=pytest.mark.long)],
-                         ids=["inference", "training"])  # training: make test-long
+@pytest.mark.long  # minutes of subprocesses: make test-long (CI runs it; make test stays under 10 minutes)
+@pytest.mark.parametrize("script", [SCRIPT, TRAIN_SCRIPT], ids=["inference", "training"])
 def test_a_shared_cache_copied_to_a_second_machine_compiles_nothing_and_refuses_tampering(tmp_path, script):
     from torch_neuronx.neuron_dynamo_backend.caching import entries
 

@@ -31,6 +31,7 @@ def test_compiled_program_draws_what_eager_draws(tmp_path, cpu_image, neff_cache
     assert np.abs(image - cpu_image).max() <= PIXEL_TOLERANCE
 
 
+@pytest.mark.long  # half a minute of compiling: make test-long (CI runs it; make test stays under 10 minutes)
 def test_compiled_program_draws_what_eager_draws_as_torchneuron_lowers_it(tmp_path, cpu_image, neff_cache):
     """The xla executor: TorchNeuron's StableHLO program of the transformer, run by XLA:CPU."""
     image = example("compiled_neuron.py", tmp_path, TORCH_NEURONX_NEFF_CACHE_DIR=neff_cache,

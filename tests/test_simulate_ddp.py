@@ -105,6 +105,7 @@ def test_the_buckets_run_under_the_rest_of_the_backward(tmp_path, simulate):
     assert rank["step_bounds_seconds"][1] == pytest.approx(estimate + hidden)  # none hidden: a bound
 
 
+@pytest.mark.long  # a torchrun run beside the plan: make test-long (CI runs it; make test stays under 10 minutes)
 def test_numerics_give_the_losses_of_a_torchrun_run(tmp_path, simulate):
     """--numerics on 4 ranks: each rank's slice of the batch (dist.get_rank() is each rank's own), DDP's
     averaged gradients; `losses` and `weights` equal one device's, and the losses are torchrun's."""

@@ -299,6 +299,7 @@ def test_compiled_attention_takes_the_nki_flash_kernel_where_torchneuron_would(t
 TINY = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "8", "--kv-heads", "4", "--vocab", "1024"]
 
 
+@pytest.mark.long  # subprocesses for seconds each: make test-long (CI runs it; make test stays under 10 minutes)
 def test_a_backwards_reduce_scatter_runs_under_the_weight_gradients_and_tp_decode_hides_nothing(tmp_path, simulate):
     """Sequence-parallel training: each compiled block's backward reduce-scatters its input gradient,
     which no weight gradient needs, so those matmuls hide it. Decode: each all-reduce's result feeds

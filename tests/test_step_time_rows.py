@@ -141,6 +141,7 @@ def _reduced(simulate, tmp_path, name: str):
     return fit.extrapolate(parts, run), fit.layout_of(plan)
 
 
+@pytest.mark.long  # a minute of simulated programs: make test-long (CI runs it; make test stays under 10 minutes)
 def test_the_first_rows_programs_predict_them_within_1_5x(tmp_path, simulate):
     """The 70B decode on a trn2.48xlarge (its TPOT and TTFT) and the 8B training step on 32
     trn1.32xlarge, at the constants in place: each within 1.5x of AWS's figure."""
