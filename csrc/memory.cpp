@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #if defined(__GLIBC__)
@@ -83,6 +84,7 @@ int64_t host_available_bytes() {
 }
 
 std::string host_shortfall(size_t nbytes);
+void note_device_allocation();
 
 // A header in front of each block keeps size and device without a second malloc.
 constexpr size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned, as CPU tensors are
@@ -106,6 +108,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     // Counted first: an allocation beyond the emulated capacity never touches host memory.
     record_alloc(index, static_cast<int64_t>(nbytes));
     mark_initialized();
+    note_device_allocation();
     if (nbytes >= kHostCheckBytes) {
       const std::string shortfall = host_shortfall(nbytes);
       if (!shortfall.empty()) {
@@ -306,7 +309,70 @@ std::string host_shortfall(size_t nbytes) {
 
 }  // namespace
 
+namespace {
+
+constexpr size_t kMovingMmapBytes = size_t{1} << 20;
+// glibc's own bounds for its dynamic thresholds (64-bit), which a mallopt turns off: where a warmed-up
+// process's thresholds end, so blocks under 32 MiB are reused from the heap as before.
+constexpr int kSettledMmapBytes = 32 << 20;
+constexpr int kSettledTrimBytes = 64 << 20;
+
+bool malloc_tuned_by_user() {
+  static const bool tuned = [] {
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    return std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
+           (tunables != nullptr && (std::strstr(tunables, "mmap_threshold") != nullptr ||
+                                    std::strstr(tunables, "trim_threshold") != nullptr));
+  }();
+  return tuned;
+}
+
+// A loader: this many bytes moved from the host with no other neuron block between. A training step
+// moving its batch stays under it, so its blocks keep coming from the heap, with no page to fault in.
+constexpr int64_t kLoaderBytes = int64_t{64} << 20;
+std::atomic<int64_t> g_moved_since_other_block{0};
+std::atomic<bool> g_moving_to_device{false};
+std::mutex g_moving_mutex;
+thread_local bool t_moving_from_host = false;
+
+void begin_moving_to_device() {
+#if defined(__GLIBC__)
+  if (g_moving_to_device.load(std::memory_order_relaxed) || malloc_tuned_by_user()) return;
+  std::lock_guard<std::mutex> lock(g_moving_mutex);
+  if (g_moving_to_device.load(std::memory_order_relaxed)) return;
+  mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMovingMmapBytes));
+  g_moving_to_device.store(true, std::memory_order_relaxed);
+#endif
+}
+
+// Every neuron block other than a move from the host passes here: the loader is done.
+void note_device_allocation() {
+#if defined(__GLIBC__)
+  if (t_moving_from_host) return;
+  // Read first: every block comes here, and a store would dirty the shared line each time.
+  if (C10_UNLIKELY(g_moved_since_other_block.load(std::memory_order_relaxed) != 0)) {
+    g_moved_since_other_block.store(0, std::memory_order_relaxed);
+  }
+  if (C10_LIKELY(!g_moving_to_device.load(std::memory_order_relaxed))) return;
+  std::lock_guard<std::mutex> lock(g_moving_mutex);
+  if (!g_moving_to_device.load(std::memory_order_relaxed)) return;
+  mallopt(M_MMAP_THRESHOLD, kSettledMmapBytes);
+  mallopt(M_TRIM_THRESHOLD, kSettledTrimBytes);
+  g_moving_to_device.store(false, std::memory_order_relaxed);
+#endif
+}
+
+}  // namespace
+
+MovingFromHost::MovingFromHost() : was_(t_moving_from_host) { t_moving_from_host = true; }
+MovingFromHost::~MovingFromHost() { t_moving_from_host = was_; }
+
 void note_copy_to_device(size_t nbytes) {
+  const auto moved = static_cast<int64_t>(nbytes);
+  if (nbytes >= kMovingMmapBytes &&
+      g_moved_since_other_block.fetch_add(moved, std::memory_order_relaxed) + moved >= kLoaderBytes) {
+    begin_moving_to_device();
+  }
   constexpr int64_t kTrimEveryBytes = int64_t{64} << 20;
   constexpr int64_t kMinTrimIntervalNs = 1'000'000'000;  // bounds what re-faulting released pages can cost a loop
   static std::atomic<int64_t> since_trim{0};
@@ -418,6 +484,7 @@ c10::Allocator* neuron_allocator() { return &g_allocator; }
 c10::DataPtr adopt_data_ptr(c10::DataPtr cpu_data, size_t nbytes, c10::DeviceIndex index) {
   void* data = cpu_data.get();
   record_alloc(index, static_cast<int64_t>(nbytes));  // may raise; cpu_data then frees the memory
+  note_device_allocation();
   auto* block = new AdoptedBlock{std::move(cpu_data), c10::Storage(), nbytes, index};
   return {data, block, &free_adopted, c10::Device(kNeuron, index)};
 }
@@ -426,6 +493,7 @@ c10::DataPtr adopt_storage(const c10::Storage& cpu_storage, c10::DeviceIndex ind
   void* data = const_cast<void*>(cpu_storage.data());
   const size_t nbytes = cpu_storage.nbytes();
   record_alloc(index, static_cast<int64_t>(nbytes));
+  note_device_allocation();
   auto* block = new AdoptedBlock{c10::DataPtr(), cpu_storage, nbytes, index};
   return {data, block, &free_adopted, c10::Device(kNeuron, index)};
 }

@@ -214,3 +214,109 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
         left[device] = int(r.stdout)
     assert left["cpu"] > 100 * MiB, left  # the holes plain PyTorch keeps
     assert left["neuron"] < 32 * MiB, left
+
+
+def test_a_loaders_temporaries_leave_no_holes_for_a_call_to_fault_back_in():
+    # The same loader, then a call: transients of many sizes, each freed before the next. In the malloc
+    # heap, each temporary's hole would be kept from coalescing by the small objects made beside its move;
+    # a call's transients then land in those holes one by one, fault them back in, and glibc keeps them
+    # resident (0.74 GB a rank of FLUX.2-klein's tensor-parallel program at real size). While a loader
+    # moves (64 MiB with no other neuron block between), blocks of 1 MiB or more get mappings of their
+    # own, so no hole is left. Control: plain PyTorch cloning alike, its heap trimmed as the moves trim ours.
+    program = """
+        import ctypes, sys, torch
+        from torch_neuronx.runtime import host_memory
+        device = sys.argv[1]
+        move = (lambda t: t.clone()) if device == "cpu" else (lambda t: t.to("neuron"))
+        kept = [move(torch.ones(16 << 20))]  # a loader's first 64 MiB (an embedding)
+        for i in range(64):  # 2.0 to 4.4 MiB, as in the test above
+            temporary = torch.cat([torch.ones(256 * 1024 + i * 10_000), torch.ones(256 * 1024)])
+            kept.append(move(temporary))
+            del temporary
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        start = host_memory.resident_bytes()[0]
+        for i in range(64):  # the call: each transient fits the hole a temporary of its size left
+            torch.full((512 * 1024 + i * 10_000,), 2.0, device=device)
+        print(host_memory.resident_bytes()[0] - start)
+    """
+    grown = {}
+    for device in ("cpu", "neuron"):  # a process each: a fresh heap
+        r = run(program, argv=[device])
+        assert r.returncode == 0, r.stderr
+        grown[device] = int(r.stdout)
+    assert grown["cpu"] > 64 * MiB, grown  # the holes, faulted in one by one
+    assert grown["neuron"] < 32 * MiB, grown
+
+
+def test_a_loader_lasts_through_views_of_what_it_moved_and_ends_at_the_first_computed_block():
+    # A loader wraps each moved tensor (Parameter, detach, view; diffusers' DTensor.from_local) between
+    # moves: no new block, so host blocks of 1 MiB or more stay mapped. The first block a neuron op
+    # computes ends it: glibc's settled thresholds then keep such blocks in the heap, as in a warmed-up
+    # process.
+    program = """
+        import ctypes, torch
+        libc = ctypes.CDLL("libc.so.6")
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+        libc.mallinfo2.restype = Info
+        kept = []
+        for i in range(24):  # 96 MiB and more: a loader (a step's batch would be less than 64 MiB)
+            temporary = torch.ones((1 << 20) + i * 10_000)
+            kept.append(torch.nn.Parameter(temporary.to("neuron")).detach().view(-1))
+            del temporary
+        def mapped_by(make):
+            before = libc.mallinfo2().hblks
+            held = [make(i) for i in range(4)]
+            return libc.mallinfo2().hblks - before
+        host = lambda i: torch.ones((1 << 20) + i * 10_000)  # 4 MiB and more
+        loading = mapped_by(host)
+        computed = kept[0] * 2
+        print(loading, mapped_by(host))
+    """
+    r = run(program)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["4", "0"]
+
+
+def test_a_training_steps_moves_leave_mallocs_thresholds_as_they_were():
+    # A step moving its batch (32 MiB here) and computing is no loader: its host blocks keep coming from
+    # the heap, where the last step's freed ones are, with no page to fault in again. glibc's own
+    # threshold has risen past 2 MiB by then (a freed temporary of 4 MiB raised it), so 2 MiB blocks stay
+    # in the heap; a loader's mapping would take them.
+    program = """
+        import ctypes, torch
+        libc = ctypes.CDLL("libc.so.6")
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+        libc.mallinfo2.restype = Info
+        weight = torch.ones(1024, device="neuron")
+        for step in range(3):
+            batch = [torch.ones((1 << 20) + i * 10_000).to("neuron") for i in range(8)]
+            before = libc.mallinfo2().hblks
+            host = [torch.ones(512 * 1024) for _ in range(4)]
+            print(libc.mallinfo2().hblks - before)
+            loss = (weight * 2).sum()
+    """
+    r = run(program)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "0", "0"]
+
+
+def test_moving_to_neuron_leaves_the_users_malloc_tuning_alone():
+    # A user's (or a benchmark's) own thresholds stay: a loader's temporaries then stay in the heap, as they
+    # would on CPU.
+    program = """
+        import ctypes, torch
+        libc = ctypes.CDLL("libc.so.6")
+        kept = [torch.ones(1 << 20).to("neuron") for _ in range(24)]  # 4 MiB each: in the heap, as tuned
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+        libc.mallinfo2.restype = Info
+        print(libc.mallinfo2().hblks)
+    """
+    mapped = {}
+    for tuned in (False, True):
+        r = run(program, **({"MALLOC_MMAP_THRESHOLD_": str(64 << 20)} if tuned else {}))
+        assert r.returncode == 0, r.stderr
+        mapped[tuned] = int(r.stdout)
+    assert mapped[True] < 8 <= mapped[False], mapped  # blocks the allocator mapped, tuned or not

@@ -7,8 +7,10 @@ import textwrap
 # Variables that choose the emulated instance: tests start from none of them set.
 TOPOLOGY_VARIABLES = ("TORCH_NEURONX_INSTANCE_TYPE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
                       "NEURON_RT_NUM_CORES", "TORCH_NEURONX_DEVICE_MEMORY")
-# Set in this process by earlier compiles (Inductor records its cache directory in os.environ).
-INHERITED_VARIABLES = TOPOLOGY_VARIABLES + ("TORCHINDUCTOR_CACHE_DIR",)
+# Set in this process by earlier compiles (Inductor records its cache directory in os.environ); and a
+# benchmark's malloc tuning, which neuron leaves to the user.
+INHERITED_VARIABLES = TOPOLOGY_VARIABLES + ("TORCHINDUCTOR_CACHE_DIR", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                            "GLIBC_TUNABLES")
 
 
 def environment(**env) -> dict:
