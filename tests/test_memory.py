@@ -12,6 +12,19 @@ DEVICE = 3  # the last device of the default trn2.3xlarge: other tests leave not
 MiB = 1 << 20
 
 
+# The start of a test program: mapped_blocks() is how many blocks glibc holds in mappings of their own
+# (mallinfo2's hblks), outside the malloc heap.
+MAPPED_BLOCKS = """
+        import ctypes, torch
+        libc = ctypes.CDLL("libc.so.6")
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+        libc.mallinfo2.restype = Info
+        def mapped_blocks():
+            return libc.mallinfo2().hblks
+"""
+
+
 @pytest.fixture
 def quiet_device():
     """No garbage collection mid-test, and a clean process limit on DEVICE afterwards."""
@@ -253,21 +266,16 @@ def test_a_loader_lasts_through_views_of_what_it_moved_and_ends_at_the_first_com
     # moves: no new block, so host blocks of 1 MiB or more stay mapped. The first block a neuron op
     # computes ends it: glibc's settled thresholds then keep such blocks in the heap, as in a warmed-up
     # process.
-    program = """
-        import ctypes, torch
-        libc = ctypes.CDLL("libc.so.6")
-        class Info(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-        libc.mallinfo2.restype = Info
+    program = MAPPED_BLOCKS + """
         kept = []
         for i in range(24):  # 96 MiB and more: a loader (a step's batch would be less than 64 MiB)
             temporary = torch.ones((1 << 20) + i * 10_000)
             kept.append(torch.nn.Parameter(temporary.to("neuron")).detach().view(-1))
             del temporary
         def mapped_by(make):
-            before = libc.mallinfo2().hblks
+            before = mapped_blocks()
             held = [make(i) for i in range(4)]
-            return libc.mallinfo2().hblks - before
+            return mapped_blocks() - before
         host = lambda i: torch.ones((1 << 20) + i * 10_000)  # 4 MiB and more
         loading = mapped_by(host)
         computed = kept[0] * 2
@@ -283,18 +291,13 @@ def test_a_training_steps_moves_leave_mallocs_thresholds_as_they_were():
     # the heap, where the last step's freed ones are, with no page to fault in again. glibc's own
     # threshold has risen past 2 MiB by then (a freed temporary of 4 MiB raised it), so 2 MiB blocks stay
     # in the heap; a loader's mapping would take them.
-    program = """
-        import ctypes, torch
-        libc = ctypes.CDLL("libc.so.6")
-        class Info(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-        libc.mallinfo2.restype = Info
+    program = MAPPED_BLOCKS + """
         weight = torch.ones(1024, device="neuron")
         for step in range(3):
             batch = [torch.ones((1 << 20) + i * 10_000).to("neuron") for i in range(8)]
-            before = libc.mallinfo2().hblks
+            before = mapped_blocks()
             host = [torch.ones(512 * 1024) for _ in range(4)]
-            print(libc.mallinfo2().hblks - before)
+            print(mapped_blocks() - before)
             loss = (weight * 2).sum()
     """
     r = run(program)
@@ -305,14 +308,9 @@ def test_a_training_steps_moves_leave_mallocs_thresholds_as_they_were():
 def test_moving_to_neuron_leaves_the_users_malloc_tuning_alone():
     # A user's (or a benchmark's) own thresholds stay: a loader's temporaries then stay in the heap, as they
     # would on CPU.
-    program = """
-        import ctypes, torch
-        libc = ctypes.CDLL("libc.so.6")
+    program = MAPPED_BLOCKS + """
         kept = [torch.ones(1 << 20).to("neuron") for _ in range(24)]  # 4 MiB each: in the heap, as tuned
-        class Info(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-        libc.mallinfo2.restype = Info
-        print(libc.mallinfo2().hblks)
+        print(mapped_blocks())
     """
     mapped = {}
     for tuned in (False, True):
