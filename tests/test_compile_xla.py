@@ -651,7 +651,8 @@ class _UserCNN(torch.nn.Module):
         return self.fc(F.max_pool2d(F.relu(self.bn(self.conv(x))), 2).flatten(1))
 
 
-@pytest.mark.parametrize("how", ["module.compile", "torch.compile(model)", "compiled loss"])
+@pytest.mark.parametrize("how", ["module.compile", pytest.param("torch.compile(model)", marks=pytest.mark.long),
+                                 pytest.param("compiled loss", marks=pytest.mark.long)])  # make test-long
 def test_every_graph_of_a_cnn_trained_with_an_optimizer_is_listed_with_its_kind(collect, how):
     torch.manual_seed(0)
     model = _UserCNN().to(N)

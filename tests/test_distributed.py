@@ -32,7 +32,8 @@ def collective_checks(ranks: int) -> list[int]:
 
 @pytest.mark.parametrize("ranks, backend, reported, checked", [
     (2, "neuron", "neuron", "1"), pytest.param(2, "", "undefined", "1", marks=pytest.mark.long),
-    (4, "neuron", "neuron", "1"), pytest.param(2, "neuron", "neuron", "0", marks=pytest.mark.long)])
+    pytest.param(4, "neuron", "neuron", "1", marks=pytest.mark.long),
+    pytest.param(2, "neuron", "neuron", "0", marks=pytest.mark.long)])
 def test_every_collective_equals_gloo_on_cpu(tmp_path, ranks, backend, reported, checked):
     # backend "": init_process_group() without one, as when neuron is the accelerator. Checks off: plain Gloo.
     reports = torchrun("collectives.py", ranks, tmp_path, PG_BACKEND=backend, TORCH_NEURONX_COLLECTIVE_CHECKS=checked)
@@ -61,6 +62,7 @@ def test_collectives_send_int64_and_float64_as_torchneuron_does_under_its_semant
     assert reports == [f"{rank} {WIDE_CHECKS}" for rank in range(2)]
 
 
+@pytest.mark.long  # two torchrun ranks: make test-long (CI runs it; make test stays under 10 minutes)
 def test_the_report_names_int64_values_a_collective_sends_not_the_buffers_it_will_fill(tmp_path):
     reports = torchrun("wide_dtypes.py", 2, tmp_path, OBSERVE="1")
     with open(os.path.join(HERE, "distributed", "wide_dtypes.py")) as f:
@@ -119,6 +121,7 @@ def test_the_cuda_idiom_trains_with_ddp_under_torchrun_as_one_cpu_process(tmp_pa
         torch.testing.assert_close(result["weights"], weights, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long  # two torchrun ranks: make test-long (CI runs it; make test stays under 10 minutes)
 def test_a_hard_coded_neuron_0_fails_on_local_rank_1_and_its_report_names_the_line(tmp_path):
     r = isolated.torchrun(DDP_PROGRAM, 2, "--hard-coded-device", TORCH_NEURONX_REPORT="1")
     assert r.returncode != 0
@@ -191,7 +194,7 @@ def test_two_nodes_ddp_fsdp2_and_tensor_parallel_equal_one_cpu_process(tmp_path)
     assert torchrun_nodes("parallel_training.py", 2, 1, tmp_path) == ["0 23", "1 23"]
 
 
-@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.long), 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_dtensor_tensor_parallel_ddp_and_fsdp2_equal_one_cpu_process(tmp_path, ranks):
     assert torchrun("parallel_training.py", ranks, tmp_path) == [f"{rank} 23" for rank in range(ranks)]
 
@@ -360,6 +363,7 @@ def test_the_neuron_group_runs_every_method_torchs_trampoline_covers_without_its
         assert "super()" not in body, body
 
 
+@pytest.mark.long  # two torchrun ranks compiling: make test-long (CI runs it; make test stays under 10 minutes)
 def test_compiled_training_through_dtensor_parameters_gives_eagers_gradients():
     """AOTAutograd unwraps the DTensor parameters into plain forward and backward graphs, each compiled
     as any graph (inference too)."""

@@ -283,7 +283,8 @@ def _outcomes(junit: Path) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("workers", [[], pytest.param(["-n", "2"], marks=pytest.mark.long)],
+                         ids=["one-process", "xdist"])  # xdist: make test-long
 def test_the_plugin_fails_exactly_the_test_that_would_fail_on_trainium(tmp_path, workers):
     (tmp_path / "test_model.py").write_text(TEST_FILE)
     result = pytest_run(tmp_path, *workers, "--neuron-readiness", "test_model.py", "--junitxml=junit.xml")

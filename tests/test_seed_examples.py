@@ -56,6 +56,7 @@ def test_main_job_relaunches_itself_under_torchrun_for_tensor_parallel(tmp_path)
     assert peaks and float(peaks.group(1)) > 0 and float(peaks.group(2)) > 0, r.stdout
 
 
+@pytest.mark.long  # a child process loading diffusers: make test-long (CI runs it; make test stays under 10 minutes)
 def test_a_model_without_weights_is_a_clear_error(tmp_path):
     cases = {str(tmp_path): "this directory has no Flux2-Klein weights",
              str(tmp_path / "missing"): "no such directory",

@@ -186,6 +186,7 @@ def test_a_rank_used_only_inside_torch_is_caught_by_the_last_rank(tmp_path, simu
     assert plan["divergence"]["call"] == f"all_reduce(float32[1]) at rank_sized.py:{line_of('rank_sized.py', 'sizes')}"
 
 
+@pytest.mark.long  # torchrun ranks beside the plan: make test-long (CI runs it; make test stays under 10 minutes)
 def test_numerics_of_a_tp_x_fsdp_llama_equal_one_device(tmp_path, simulate):
     """TP=2 x FSDP2=2 on a 2-D mesh: the loss, the loss after one SGD step (gradients reduce-scattered)
     and the FSDP-sharded output weight after the step (`p`, the program's last parameter)."""

@@ -34,7 +34,8 @@ def simulated(tmp_path, simulate, ranks, *options, mode=(), program=PROGRAM):
     return plan
 
 
-@pytest.mark.parametrize("options", [["--bucket-cap-mb", "0.005"], ["--gradient-as-bucket-view"]])
+@pytest.mark.parametrize("options", [["--bucket-cap-mb", "0.005"],
+                                     pytest.param(["--gradient-as-bucket-view"], marks=pytest.mark.long)])
 def test_the_plan_has_ddps_buckets_and_peak_as_torchrun_runs_them(tmp_path, simulate, options):
     """Construction (its two all_gathers of the parameters' shapes and the broadcast of their values),
     each backward's bucket all-reduces at the loss.backward() line, in the sizes DDP built (first
@@ -64,6 +65,7 @@ def test_a_compressing_comm_hook_all_reduces_half_the_bytes(tmp_path, simulate, 
     assert [(c["shapes"], c["bytes"], c["calls"]) for c in reduced] == [(f"{dtype}[{params}]", 2 * params, 3)]
 
 
+@pytest.mark.long  # a torchrun run beside the plan: make test-long (CI runs it; make test stays under 10 minutes)
 def test_bf16_compress_hook_is_refused_as_torchs_ddp_refuses_it_off_cuda(tmp_path, simulate):
     """DDP registers bf16_compress_hook only with CUDA and NCCL or XPU (its _check_comm_hook): on
     neuron under torchrun, on Trainium and in the simulator alike."""
