@@ -348,12 +348,13 @@ void begin_moving_to_device() {
 // Every neuron block other than a move from the host passes here: the loader is done.
 void note_device_allocation() {
 #if defined(__GLIBC__)
+  // Every block comes here: two plain loads when nothing was moved since the last block (a store would
+  // dirty the shared line each time, and the thread-local is read only when it matters).
+  const bool moved = g_moved_since_other_block.load(std::memory_order_relaxed) != 0;
+  if (C10_LIKELY(!moved && !g_moving_to_device.load(std::memory_order_relaxed))) return;
   if (t_moving_from_host) return;
-  // Read first: every block comes here, and a store would dirty the shared line each time.
-  if (C10_UNLIKELY(g_moved_since_other_block.load(std::memory_order_relaxed) != 0)) {
-    g_moved_since_other_block.store(0, std::memory_order_relaxed);
-  }
-  if (C10_LIKELY(!g_moving_to_device.load(std::memory_order_relaxed))) return;
+  if (moved) g_moved_since_other_block.store(0, std::memory_order_relaxed);
+  if (!g_moving_to_device.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(g_moving_mutex);
   if (!g_moving_to_device.load(std::memory_order_relaxed)) return;
   mallopt(M_MMAP_THRESHOLD, kSettledMmapBytes);
@@ -364,7 +365,7 @@ void note_device_allocation() {
 
 }  // namespace
 
-MovingFromHost::MovingFromHost() : was_(t_moving_from_host) { t_moving_from_host = true; }
+MovingFromHost::MovingFromHost(bool on) : was_(t_moving_from_host) { t_moving_from_host = t_moving_from_host || on; }
 MovingFromHost::~MovingFromHost() { t_moving_from_host = was_; }
 
 void note_copy_to_device(size_t nbytes) {

@@ -113,9 +113,8 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   auto result = at::_to_copy(cpu_self, dtype, layout, c10::Device(c10::DeviceType::CPU),
                              to_neuron ? std::nullopt : pin_memory, non_blocking, memory_format);
   if (!to_neuron) return result;
-  if (!self.is_cpu()) return ctx.to_neuron(result);
-  note_copy_to_device(result.nbytes());
-  MovingFromHost moving;
+  if (self.is_cpu()) note_copy_to_device(result.nbytes());
+  MovingFromHost moving(self.is_cpu());
   return ctx.to_neuron(result);
 }
 

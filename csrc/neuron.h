@@ -115,16 +115,16 @@ void reset_accumulated_stats(c10::DeviceIndex index);
 // heap that it keeps resident: after every 64 MiB moved, at most once a second, it is returned.
 void note_copy_to_device(size_t nbytes);
 // While a loader moves tensors (from 64 MiB copied from the host with no other neuron block between,
-// until the next neuron block that is not such a copy), host blocks of 1 MiB or more get mappings of their own, as glibc gives a fresh
-// process's: a loader's temporaries are unmapped when freed instead of leaving holes in the heap
-// between the blocks it keeps, which a call's activations would fault back in and keep. On CPU the
-// temporaries are the weights themselves and are never freed, so glibc's dynamic threshold never
-// rises; on neuron each is freed after its copy, and the first free would raise it. Not when the user
-// tunes malloc (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES).
-// A move from the host holds one while its block is made neuron's.
+// until the next neuron block that is not such a copy), host blocks of 1 MiB or more get mappings of
+// their own, as glibc gives a fresh process's: a loader's temporaries are unmapped when freed instead
+// of leaving holes in the heap between the blocks it keeps, which a call's activations would fault
+// back in and keep. On CPU the temporaries are the weights themselves and are never freed, so glibc's
+// dynamic threshold never rises; on neuron each is freed after its copy, and the first free would
+// raise it. Not when the user tunes malloc (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+// GLIBC_TUNABLES). A move from the host holds one (on) while its block is made neuron's.
 class MovingFromHost {
  public:
-  MovingFromHost();
+  explicit MovingFromHost(bool on);
   ~MovingFromHost();
 
  private:
