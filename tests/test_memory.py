@@ -200,6 +200,26 @@ def test_emulated_capacity_from_the_environment():
     assert r.stdout.splitlines() == ["OOM True", f"({16 << 20}, {64 << 20}) {48 << 20}"]
 
 
+def printed_number(program: str, device: str) -> int:
+    """What ``program`` prints for ``device``, run in a process of its own: a fresh malloc heap."""
+    r = run(program, argv=[device])
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
+def most_printed(program: str, device: str, processes: int = 3) -> int:
+    """The largest of what ``program`` prints in up to ``processes`` fresh processes, stopping at the first
+    that leaves a hole (a result over 64 MiB). For plain PyTorch's control: glibc keeps a freed temporary
+    apart from the top of its heap only where a small object landed after it, which depends on the
+    process's history; about one process in 300 here (and one CI run) had none, and kept no hole."""
+    results = []
+    for _ in range(processes):
+        results.append(printed_number(program, device))
+        if results[-1] > 64 * MiB:
+            break
+    return max(results)
+
+
 def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
     # diffusers' tensor-parallel loader slices each shard into a new host tensor (cat, contiguous), moves it,
     # then drops it: the freed temporaries sit between the moved blocks in the malloc heap, which keeps them
@@ -220,11 +240,7 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
         kept.append(move(torch.ones(16 << 20)))  # 64 MiB: outside the heap (glibc maps it), a trim is due
         print(host_memory.resident_bytes()[0] - start - sum(t.nbytes for t in kept))
     """
-    left = {}
-    for device in ("cpu", "neuron"):  # a process each: a fresh heap
-        r = run(program, argv=[device])
-        assert r.returncode == 0, r.stderr
-        left[device] = int(r.stdout)
+    left = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu")}
     assert left["cpu"] > 100 * MiB, left  # the holes plain PyTorch keeps
     assert left["neuron"] < 32 * MiB, left
 
@@ -252,11 +268,7 @@ def test_a_loaders_temporaries_leave_no_holes_for_a_call_to_fault_back_in():
             torch.full((512 * 1024 + i * 10_000,), 2.0, device=device)
         print(host_memory.resident_bytes()[0] - start)
     """
-    grown = {}
-    for device in ("cpu", "neuron"):  # a process each: a fresh heap
-        r = run(program, argv=[device])
-        assert r.returncode == 0, r.stderr
-        grown[device] = int(r.stdout)
+    grown = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu")}
     assert grown["cpu"] > 64 * MiB, grown  # the holes, faulted in one by one
     assert grown["neuron"] < 32 * MiB, grown
 
