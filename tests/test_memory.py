@@ -207,15 +207,15 @@ def printed_number(program: str, device: str) -> int:
     return int(r.stdout)
 
 
-def most_printed(program: str, device: str, processes: int = 3) -> int:
+def most_printed(program: str, device: str, enough: int, processes: int = 3) -> int:
     """The largest of what ``program`` prints in up to ``processes`` fresh processes, stopping at the first
-    that leaves a hole (a result over 64 MiB). For plain PyTorch's control: glibc keeps a freed temporary
+    over ``enough`` (the holes were kept). For plain PyTorch's control: glibc keeps a freed temporary
     apart from the top of its heap only where a small object landed after it, which depends on the
-    process's history; about one process in 300 here (and one CI run) had none, and kept no hole."""
+    process's history; about one process in 500 here (and one CI run) had none, and kept no hole."""
     results = []
     for _ in range(processes):
         results.append(printed_number(program, device))
-        if results[-1] > 64 * MiB:
+        if results[-1] > enough:
             break
     return max(results)
 
@@ -240,7 +240,7 @@ def test_a_loaders_temporaries_do_not_stay_resident_once_their_copies_moved():
         kept.append(move(torch.ones(16 << 20)))  # 64 MiB: outside the heap (glibc maps it), a trim is due
         print(host_memory.resident_bytes()[0] - start - sum(t.nbytes for t in kept))
     """
-    left = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu")}
+    left = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu", enough=100 * MiB)}
     assert left["cpu"] > 100 * MiB, left  # the holes plain PyTorch keeps
     assert left["neuron"] < 32 * MiB, left
 
@@ -268,7 +268,7 @@ def test_a_loaders_temporaries_leave_no_holes_for_a_call_to_fault_back_in():
             torch.full((512 * 1024 + i * 10_000,), 2.0, device=device)
         print(host_memory.resident_bytes()[0] - start)
     """
-    grown = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu")}
+    grown = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu", enough=64 * MiB)}
     assert grown["cpu"] > 64 * MiB, grown  # the holes, faulted in one by one
     assert grown["neuron"] < 32 * MiB, grown
 
