@@ -307,10 +307,6 @@ std::string host_shortfall(size_t nbytes) {
   TORCH_CHECK_WITH(OutOfMemoryError, false, message.str());
 }
 
-}  // namespace
-
-namespace {
-
 constexpr size_t kMovingMmapBytes = size_t{1} << 20;
 // glibc's own bounds for its dynamic thresholds (64-bit), which a mallopt turns off: where a warmed-up
 // process's thresholds end, so blocks under 32 MiB are reused from the heap as before.
