@@ -200,9 +200,9 @@ def test_emulated_capacity_from_the_environment():
     assert r.stdout.splitlines() == ["OOM True", f"({16 << 20}, {64 << 20}) {48 << 20}"]
 
 
-def printed_number(program: str, device: str) -> int:
-    """What ``program`` prints for ``device``, run in a process of its own: a fresh malloc heap."""
-    r = run(program, argv=[device])
+def printed_number(program: str, *argv: str, **env: str) -> int:
+    """What ``program`` prints, run with ``argv`` and ``env`` in a process of its own: a fresh malloc heap."""
+    r = run(program, argv=argv, **env)
     assert r.returncode == 0, r.stderr
     return int(r.stdout)
 
@@ -324,9 +324,6 @@ def test_moving_to_neuron_leaves_the_users_malloc_tuning_alone():
         kept = [torch.ones(1 << 20).to("neuron") for _ in range(24)]  # 4 MiB each: in the heap, as tuned
         print(mapped_blocks())
     """
-    mapped = {}
-    for tuned in (False, True):
-        r = run(program, **({"MALLOC_MMAP_THRESHOLD_": str(64 << 20)} if tuned else {}))
-        assert r.returncode == 0, r.stderr
-        mapped[tuned] = int(r.stdout)
+    mapped = {tuned: printed_number(program, **({"MALLOC_MMAP_THRESHOLD_": str(64 << 20)} if tuned else {}))
+              for tuned in (False, True)}
     assert mapped[True] < 8 <= mapped[False], mapped  # blocks the allocator mapped, tuned or not
