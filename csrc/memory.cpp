@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 namespace neuron {
 namespace {
@@ -341,6 +342,42 @@ void begin_moving_to_device() {
 #endif
 }
 
+// Blocks taken to fill the heap's holes when a loader ends; never touched, never freed.
+std::vector<void*> g_heap_hole_fillers;
+constexpr size_t kSmallestFilledHole = size_t{1} << 20;
+
+// What the model's construction and a loader freed stays in the heap as holes between live blocks, and
+// glibc serves a later call's transients from them, best fit: a call wanders through the holes and faults
+// each back in (docs/design.md, a loader's temporaries). So when a loader ends, the holes' pages go back to
+// the host and each hole is taken by a block nobody touches: it costs address space, not memory, and a
+// call's transients come from the top of the heap, as in a process that never had holes. Runs while
+// glibc's threshold is still the window's: a request no hole fits is mapped and given back at once.
+void fill_heap_holes() {
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 33)
+  malloc_trim(0);
+  struct mallinfo2 before = mallinfo2();
+  const size_t holes = before.fordblks - before.keepcost;  // free bytes, less the top of the heap
+  size_t taken = 0;
+  size_t request = holes & ~(kSmallestFilledHole - 1);
+  while (request >= kSmallestFilledHole) {
+    if (taken + request <= holes) {  // bounded even if other threads' allocations blur what is seen
+      void* block = std::malloc(request);
+      const struct mallinfo2 after = mallinfo2();
+      if (block != nullptr && after.arena == before.arena && after.hblks == before.hblks &&
+          after.keepcost == before.keepcost) {
+        g_heap_hole_fillers.push_back(block);  // from a hole: neither the top nor a mapping of its own
+        taken += request;
+        before = after;
+        continue;
+      }
+      std::free(block);
+      before = mallinfo2();
+    }
+    request = (request / 2) & ~(kSmallestFilledHole - 1);
+  }
+#endif
+}
+
 // Every neuron block other than a move from the host passes here: the loader is done.
 void note_device_allocation() {
 #if defined(__GLIBC__)
@@ -353,6 +390,7 @@ void note_device_allocation() {
   if (!g_moving_to_device.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(g_moving_mutex);
   if (!g_moving_to_device.load(std::memory_order_relaxed)) return;
+  fill_heap_holes();
   mallopt(M_MMAP_THRESHOLD, kSettledMmapBytes);
   mallopt(M_TRIM_THRESHOLD, kSettledTrimBytes);
   g_moving_to_device.store(false, std::memory_order_relaxed);

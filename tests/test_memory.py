@@ -273,6 +273,35 @@ def test_a_loaders_temporaries_leave_no_holes_for_a_call_to_fault_back_in():
     assert grown["neuron"] < 32 * MiB, grown
 
 
+def test_holes_left_before_a_loader_are_not_faulted_in_by_the_calls_after_it():
+    # A model's construction allocates each parameter on the host, then drops it (accelerate's
+    # init_empty_weights): holes in the heap before the loader moves anything, kept apart by the small
+    # objects made beside each. A call's transients would land in them best fit, one by one, and fault
+    # each back in (0.5 GB more than a call's own data on a rank of FLUX.2-klein's TP program). When the
+    # loader ends, its holes are taken by blocks nobody touches. Control: plain PyTorch, cloning alike.
+    program = """
+        import sys, torch
+        from torch_neuronx.runtime import host_memory
+        device = sys.argv[1]
+        torch.empty(2 << 20)  # 8 MiB, freed from a mapping of its own: glibc's threshold rises past the next
+        small, holes = [], []
+        for i in range(64):  # 2.0 to 4.4 MiB, never touched, each followed by a small block that is kept
+            holes.append(torch.empty(512 * 1024 + i * 10_000))
+            small.append(torch.ones(16 * 1024))
+        del holes
+        move = (lambda t: t.clone()) if device == "cpu" else (lambda t: t.to("neuron"))
+        kept = [move(torch.ones(4 << 20)) for _ in range(6)]  # a loader: 96 MiB moved
+        first = kept[0] * 2  # the first computed block
+        start = host_memory.resident_bytes()[0]
+        for i in range(64):  # a call: transients, each fitting a hole a little larger than the last
+            torch.full((512 * 1024 + i * 10_000,), 2.0, device=device)
+        print(host_memory.resident_bytes()[0] - start)
+    """
+    grown = {"neuron": printed_number(program, "neuron"), "cpu": most_printed(program, "cpu", enough=100 * MiB)}
+    assert grown["cpu"] > 100 * MiB, grown  # the holes, faulted in one by one
+    assert grown["neuron"] < 32 * MiB, grown
+
+
 def test_a_loader_lasts_through_views_of_what_it_moved_and_ends_at_the_first_computed_block():
     # A loader wraps each moved tensor (Parameter, detach, view; diffusers' DTensor.from_local) between
     # moves: no new block, so host blocks of 1 MiB or more stay mapped. The first block a neuron op
