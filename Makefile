@@ -52,16 +52,16 @@ lint: setup
 # The tests marked long (training under the xla executor, the newest stand-ins under it, the seed's
 # main job compiled, 20 short processes, diffusers tensor parallel, compiler crashes: minutes of
 # compiling and subprocesses);
-# CI runs them too.
+# CI runs them too; the slowest are listed, as CI has 90 minutes in all.
 test-long: setup
-	$(PY) -m pytest -q -n auto --dist loadfile -m long
+	$(PY) -m pytest -q -n auto --dist loadfile -m long --durations=15
 
 # The tests whose results come from Inductor's generated code, again under a forced vector ISA
 # (ATEN_CPU_CAPABILITY=avx2 or default: what CI machines without AVX-512 run): `make test-isa ISA=avx2`.
 ISA ?= avx2
 COMPILED_TESTS := $(wildcard tests/test_compile*.py) tests/test_seed_examples_compiled.py tests/test_training.py
 test-isa: setup
-	ATEN_CPU_CAPABILITY=$(ISA) $(PY) -m pytest -q -n auto --dist loadfile $(COMPILED_TESTS)
+	ATEN_CPU_CAPABILITY=$(ISA) $(PY) -m pytest -q -n auto --dist loadfile $(COMPILED_TESTS) --durations=15
 
 BENCH_OUT := benchmarks/results
 
