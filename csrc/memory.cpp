@@ -367,7 +367,7 @@ void fill_heap_holes() {
           after.keepcost == before.keepcost) {
         g_heap_hole_fillers.push_back(block);  // from a hole: neither the top nor a mapping of its own
         taken += request;
-        before = after;
+        before = mallinfo2();  // after the list's own growth
         continue;
       }
       std::free(block);
