@@ -360,20 +360,21 @@ void fill_heap_holes() {
   size_t taken = 0;
   size_t request = holes & ~(kSmallestFilledHole - 1);
   while (request >= kSmallestFilledHole) {
-    if (taken + request <= holes) {  // bounded even if other threads' allocations blur what is seen
-      void* block = std::malloc(request);
-      const struct mallinfo2 after = mallinfo2();
-      if (block != nullptr && after.arena == before.arena && after.hblks == before.hblks &&
-          after.keepcost == before.keepcost) {
-        g_heap_hole_fillers.push_back(block);  // from a hole: neither the top nor a mapping of its own
-        taken += request;
-        before = mallinfo2();  // after the list's own growth
-        continue;
-      }
-      std::free(block);
-      before = mallinfo2();
+    if (taken + request > holes) {  // bounded even if other threads' allocations blur what is seen
+      request = (request / 2) & ~(kSmallestFilledHole - 1);
+      continue;
     }
-    request = (request / 2) & ~(kSmallestFilledHole - 1);
+    void* block = std::malloc(request);
+    const struct mallinfo2 after = mallinfo2();
+    if (block != nullptr && after.arena == before.arena && after.hblks == before.hblks &&
+        after.keepcost == before.keepcost) {
+      g_heap_hole_fillers.push_back(block);  // from a hole: neither the top nor a mapping of its own
+      taken += request;
+    } else {
+      std::free(block);
+      request = (request / 2) & ~(kSmallestFilledHole - 1);
+    }
+    before = mallinfo2();  // read again: the list's own growth, or the block given back, moved it
   }
 #endif
 }
